@@ -1,0 +1,37 @@
+"""``rl-gap`` entry point.
+
+``rl-gap fit|validate|test|predict --config recipe.yaml`` is a LightningCLI
+(every key overridable on the command line); ``rl-gap evaluate|extrapolate|
+linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rl_gap.commands import COMMANDS
+
+
+def _run_command(name: str, argv: list[str]) -> int:
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"rl-gap {name}", description=help_text)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(argv)) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in COMMANDS:
+        return _run_command(words[0], words[1:])
+    from rl_gap.training_cli import run_lightning_cli
+
+    # LightningCLI reads sys.argv itself when called from the console script.
+    run_lightning_cli(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

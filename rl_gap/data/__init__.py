@@ -1,0 +1,1 @@
+"""DataModules for on-disk dataset layouts, samplers and the bundled demo data."""

@@ -1,0 +1,81 @@
+"""Name -> loss class registry.
+
+A loss registers itself with ``@register_loss("name")``; nothing else needs
+editing. ``build_loss(name, **kwargs)`` instantiates it, and
+``loss_from_config({"name": ..., **kwargs})`` builds one from a recipe's flat
+``loss:`` section, so swapping ``name`` alone swaps the loss.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from torch import nn
+
+_LOSSES: dict[str, type[nn.Module]] = {}
+
+T = TypeVar("T", bound=type[nn.Module])
+
+
+def register_loss(name: str) -> Callable[[T], T]:
+    """Class decorator adding a loss to the registry under ``name`` (lower case)."""
+    key = name.lower()
+
+    def decorator(cls: T) -> T:
+        if key in _LOSSES and _LOSSES[key] is not cls:
+            raise ValueError(f"loss name {key!r} is already registered by {_LOSSES[key].__name__}")
+        _LOSSES[key] = cls
+        return cls
+
+    return decorator
+
+
+def available_losses() -> list[str]:
+    """Sorted names of every registered loss."""
+    return sorted(_LOSSES)
+
+
+def get_loss_class(name: str) -> type[nn.Module]:
+    key = str(name).lower()
+    if key not in _LOSSES:
+        raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(available_losses())}")
+    return _LOSSES[key]
+
+
+def build_loss(name: str, **kwargs: Any) -> nn.Module:
+    """Instantiate the registered loss ``name`` with ``kwargs``."""
+    return get_loss_class(name)(**kwargs)
+
+
+def _init_params(cls: type) -> set[str]:
+    params = inspect.signature(cls.__init__).parameters
+    return {p for p in params if p != "self"}
+
+
+def loss_from_config(config: Mapping[str, Any] | None, default: str = "gsap") -> nn.Module:
+    """Build a loss from a flat recipe section ``{name: gsap, temperature: ..., ...}``.
+
+    Keys that the chosen loss does not take but another registered loss does
+    (``neg_drop`` after ``--model.loss.name infonce``) are ignored with a
+    warning, so one override swaps the loss. A key no registered loss takes is
+    a typo and raises ``ValueError``.
+    """
+    config = dict(config or {})
+    name = config.pop("name", default)
+    cls = get_loss_class(name)
+    own = _init_params(cls)
+    known_anywhere = set().union(*(_init_params(c) for c in _LOSSES.values()))
+    unknown = sorted(set(config) - known_anywhere)
+    if unknown:
+        raise ValueError(
+            f"loss config has unknown key(s) {unknown}; {name!r} accepts {sorted(own)}"
+        )
+    ignored = sorted(set(config) - own)
+    if ignored:
+        warnings.warn(
+            f"loss {name!r} does not take {ignored}; ignoring them", UserWarning, stacklevel=2
+        )
+    return cls(**{k: v for k, v in config.items() if k in own})
