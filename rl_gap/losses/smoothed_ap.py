@@ -1,0 +1,157 @@
+"""Exact smoothed AP of one flat ranked list, chunked, with an analytic backward.
+
+Smoothed AP (Brown et al., *Smooth-AP*, ECCV 2020; the gSAP paper §3.3 applies
+it to the flattened similarity matrix): for a positive i,
+
+    R_P(i) = 1 + sum_{j in P, j != i} σ((s_j − s_i)/τ)
+    R_A(i) = R_P(i) + sum_{j in A \\ P} σ((s_j − s_i)/τ)
+    SAP    = mean_{i in P} R_P(i) / R_A(i)
+
+This costs P × M sigmoid evaluations (P positives, M items). A plain autograd
+graph would keep several P × M tensors alive for backward; here the work runs
+in chunks of positives and the gradient is accumulated analytically *during*
+the forward pass (one sweep, nothing recomputed), so the extra memory is
+O(chunk × M + M) whatever P is. The gradient of SAP w.r.t. the scores is
+stored (O(M)) and scaled by the upstream gradient in backward.
+
+Gradient. With f_i = R_P(i)/R_A(i) and R_N(i) = R_A(i) − R_P(i),
+∂f_i/∂R_P(i) = R_N(i)/R_A(i)² and ∂f_i/∂R_N(i) = −R_P(i)/R_A(i)². Every
+comparison (i, j) adds c_ij·σ'(d_ij)/τ to ∂SAP/∂s_j and subtracts it from
+∂SAP/∂s_i, where d_ij = (s_j − s_i)/τ and c_ij is the positive or negative
+coefficient of row i over P. The self-comparison j = i (σ(0) = 1/2) enters
+both with opposite signs and cancels, so R_P is computed as
+``1/2 + sum_{j in P} σ(d_ij)`` without masking the diagonal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Elements of one (chunk × M) comparison block. 2^24 float32 = 64 MiB per
+# temporary; a chunk needs ~3 such temporaries.
+DEFAULT_BLOCK_ELEMENTS = 1 << 24
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16/bfloat16 are computed in float32; float32/float64 keep their precision."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def auto_chunk_size(num_items: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> int:
+    """Rows (positives) per chunk so that a chunk × ``num_items`` block stays bounded."""
+    return max(1, block_elements // max(1, num_items))
+
+
+def _sap_sweep(
+    pos_scores: torch.Tensor,
+    neg_scores: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One chunked sweep over the positives.
+
+    Args:
+        pos_scores: (P,) scores of the positives.
+        neg_scores: (N,) scores of the negatives.
+        temperature: τ > 0.
+        chunk_size: positives per chunk.
+        with_grad: also accumulate ∂SAP/∂scores.
+
+    Returns:
+        (SAP 0-d, ∂SAP/∂pos_scores (P,) or None, ∂SAP/∂neg_scores (N,) or None).
+    """
+    num_pos = pos_scores.numel()
+    inv_tau = 1.0 / temperature
+    # Positives first, then negatives: per-row sums become two contiguous slices.
+    items = torch.cat([pos_scores, neg_scores])
+    scaled_items = items * inv_tau
+    total = items.new_zeros(())
+    grad = items.new_zeros(items.shape) if with_grad else None
+    for start in range(0, num_pos, chunk_size):
+        anchors = scaled_items[start : min(start + chunk_size, num_pos)]
+        sig = torch.sigmoid(scaled_items.unsqueeze(0) - anchors.unsqueeze(1))  # (c, M)
+        rank_pos = sig[:, :num_pos].sum(1).add_(0.5)  # 1 + sum over j != i
+        rank_neg = sig[:, num_pos:].sum(1)
+        rank_all = rank_pos + rank_neg
+        total = total + (rank_pos / rank_all).sum()
+        if not with_grad:
+            continue
+        inv_sq = rank_all.pow(-2) * (inv_tau / num_pos)
+        coef_pos = rank_neg * inv_sq  # ∂(mean f)/∂R_P(i), times 1/τ
+        coef_neg = -rank_pos * inv_sq  # ∂(mean f)/∂R_N(i), times 1/τ
+        # σ'(d) = σ(d)(1 − σ(d)), in place into the sigmoid buffer.
+        deriv = sig.sub_(sig * sig)
+        col_pos = coef_pos @ deriv[:, :num_pos]
+        col_neg = coef_neg @ deriv[:, num_pos:]
+        grad[:num_pos] += col_pos
+        grad[num_pos:] += col_neg
+        row = coef_pos * deriv[:, :num_pos].sum(1) + coef_neg * deriv[:, num_pos:].sum(1)
+        grad[start : start + anchors.numel()] -= row
+    sap = total / num_pos
+    if not with_grad:
+        return sap, None, None
+    return sap, grad[:num_pos], grad[num_pos:]
+
+
+class _SmoothedAPExact(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, temperature, chunk_size):  # type: ignore[override]
+        work = scores.detach().to(compute_dtype(scores.dtype))
+        with_grad = ctx.needs_input_grad[0]
+        sap, grad_pos, grad_neg = _sap_sweep(
+            work[positive], work[~positive], temperature, chunk_size, with_grad
+        )
+        if with_grad:
+            grad = torch.empty_like(work)
+            grad[positive] = grad_pos
+            grad[~positive] = grad_neg
+            ctx.save_for_backward(grad)
+            ctx.input_dtype = scores.dtype
+        return sap.to(scores.dtype) if scores.dtype != work.dtype else sap
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return (grad * grad_output.to(grad.dtype)).to(ctx.input_dtype), None, None, None
+
+
+def smoothed_ap_exact(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    temperature: float,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Smoothed AP of one ranked list, exact (all P × M sigmoid comparisons).
+
+    Args:
+        scores: (M,) float scores; float16/bfloat16 are computed in float32.
+        positive: (M,) bool, True for the relevant items; needs ≥ 1 True.
+        temperature: sigmoid temperature τ > 0.
+        chunk_size: positives per chunk (peak extra memory ~3 × chunk × M
+            elements); ``None`` picks one for a ~2^24-element block.
+
+    Returns:
+        0-d tensor, the smoothed AP in [0, 1], differentiable w.r.t. ``scores``
+        (first order only), in ``scores.dtype``.
+    """
+    if scores.dim() != 1 or positive.shape != scores.shape:
+        raise ValueError(
+            f"smoothed_ap_exact expects 1-D scores and a positive mask of the same shape, "
+            f"got {tuple(scores.shape)} and {tuple(positive.shape)}"
+        )
+    if positive.dtype != torch.bool:
+        raise ValueError(f"positive must be a bool tensor, got {positive.dtype}")
+    if not torch.is_floating_point(scores):
+        raise ValueError(f"scores must be a floating tensor, got {scores.dtype}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    num_pos = int(positive.sum())
+    if num_pos == 0:
+        raise ValueError("smoothed AP needs at least one positive item")
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(scores.numel())
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return _SmoothedAPExact.apply(scores, positive, float(temperature), int(chunk_size))
