@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import torch
 
+from rl_gap.losses.common import compute_dtype
+
 # Elements of one (chunk × M) comparison block. 2^24 float32 = 64 MiB per
 # temporary; a chunk needs ~3 such temporaries.
 DEFAULT_BLOCK_ELEMENTS = 1 << 24
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 are computed in float32; float32/float64 keep their precision."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def auto_chunk_size(num_items: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> int:
@@ -155,3 +152,125 @@ def smoothed_ap_exact(
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return _SmoothedAPExact.apply(scores, positive, float(temperature), int(chunk_size))
+
+
+def _rows_sweep(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    temperature: float,
+    chunk_size: int | None,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-row smoothed AP, rows in chunks so that chunk × K × D stays bounded.
+
+    Args:
+        scores: (R, D) scores, every row with ≥ 1 positive.
+        positive: (R, D) bool, relevant and valid.
+        negative: (R, D) bool, non-relevant and valid.
+        temperature: τ > 0.
+        chunk_size: rows per chunk; None bounds rows × K × D by DEFAULT_BLOCK_ELEMENTS
+            (K = most positives in a row).
+        with_grad: also return ∂SAP_r/∂scores[r, :] (R, D) (Jacobian is row-diagonal).
+    """
+    num_rows, width = scores.shape
+    inv_tau = 1.0 / temperature
+    pos_f = positive.to(scores.dtype)
+    neg_f = negative.to(scores.dtype)
+    num_pos = positive.sum(1)
+    max_pos = int(num_pos.max())
+    rows_per_chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, max_pos * width))
+    sap = scores.new_zeros(num_rows)
+    grad = scores.new_zeros(scores.shape) if with_grad else None
+    for start in range(0, num_rows, rows_per_chunk):
+        rows = slice(start, min(start + rows_per_chunk, num_rows))
+        s = scores[rows] * inv_tau
+        k = int(num_pos[rows].max())
+        # Column indices of each row's positives first (stable), padded to k.
+        order = torch.argsort((~positive[rows]).to(torch.int8), dim=1, stable=True)[:, :k]
+        anchor_ok = torch.arange(k, device=s.device).unsqueeze(0) < num_pos[rows].unsqueeze(1)
+        anchors = s.gather(1, order)  # (c, k)
+        sig = torch.sigmoid(s.unsqueeze(1) - anchors.unsqueeze(2))  # (c, k, D)
+        p_col = pos_f[rows].unsqueeze(2)  # (c, D, 1)
+        n_col = neg_f[rows].unsqueeze(2)
+        rank_pos = torch.bmm(sig, p_col).squeeze(2).add_(0.5)  # 1 + sum over j != i
+        rank_neg = torch.bmm(sig, n_col).squeeze(2)
+        rank_all = rank_pos + rank_neg
+        weight = anchor_ok.to(s.dtype) / num_pos[rows].unsqueeze(1).to(s.dtype)  # (c, k)
+        sap[rows] = (rank_pos / rank_all * weight).sum(1)
+        if not with_grad:
+            continue
+        inv_sq = rank_all.pow(-2) * weight * inv_tau
+        coef_pos = (rank_neg * inv_sq).unsqueeze(1)  # (c, 1, k)
+        coef_neg = (-rank_pos * inv_sq).unsqueeze(1)
+        deriv = sig.sub_(sig * sig)  # σ' in place, (c, k, D)
+        col = torch.bmm(coef_pos, deriv).squeeze(1) * pos_f[rows]
+        col += torch.bmm(coef_neg, deriv).squeeze(1) * neg_f[rows]
+        anchor = coef_pos.squeeze(1) * torch.bmm(deriv, p_col).squeeze(2)
+        anchor += coef_neg.squeeze(1) * torch.bmm(deriv, n_col).squeeze(2)
+        col.scatter_add_(1, order, -anchor)  # padded anchors have zero coefficients
+        grad[rows] = col
+    return sap, grad
+
+
+class _SmoothedAPRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, negative, temperature, chunk_size):  # type: ignore[override]
+        work = scores.detach().to(compute_dtype(scores.dtype))
+        with_grad = ctx.needs_input_grad[0]
+        sap, grad = _rows_sweep(work, positive, negative, temperature, chunk_size, with_grad)
+        if with_grad:
+            ctx.save_for_backward(grad)
+            ctx.input_dtype = scores.dtype
+        return sap
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        out = grad * grad_output.to(grad.dtype).unsqueeze(1)
+        return out.to(ctx.input_dtype), None, None, None, None
+
+
+def smoothed_ap_rows(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    valid: torch.Tensor,
+    temperature: float,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Smoothed AP of every row of a score matrix, each row its own ranked list (Smooth-AP).
+
+    Peak extra memory is ~3 × chunk × K × D elements (K = most positives in a
+    row), not the O(R · K · D) of a one-shot broadcast (Smooth_AP #12).
+
+    Args:
+        scores: (R, D) float scores; float16/bfloat16 are computed in float32.
+        positive: (R, D) bool relevance; only pairs also ``valid`` count.
+        valid: (R, D) bool, False = item absent from that row's list.
+        temperature: τ > 0.
+        chunk_size: rows per chunk; None picks one for ~2^24-element blocks.
+
+    Returns:
+        (R,) smoothed AP per row in the compute dtype; rows with no valid
+        positive are 0 and receive no gradient (mask them out).
+    """
+    if scores.dim() != 2 or positive.shape != scores.shape or valid.shape != scores.shape:
+        raise ValueError(
+            f"smoothed_ap_rows expects (R, D) scores/positive/valid, got {tuple(scores.shape)}, "
+            f"{tuple(positive.shape)}, {tuple(valid.shape)}"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size is not None and int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    pos = positive & valid
+    has_pos = pos.any(1)
+    out_dtype = compute_dtype(scores.dtype)
+    result = scores.new_zeros(scores.shape[0], dtype=out_dtype)
+    if not bool(has_pos.any()):
+        return result + scores.sum().to(out_dtype) * 0.0
+    rows = has_pos.nonzero().squeeze(1)
+    neg = valid & ~positive
+    sap = _SmoothedAPRows.apply(scores[rows], pos[rows], neg[rows], float(temperature), chunk_size)
+    return result.index_put((rows,), sap)

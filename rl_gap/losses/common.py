@@ -1,0 +1,127 @@
+"""Input checks and shared pieces of the batch-matrix losses.
+
+Every loss takes ``(sim, rel, valid=None)``: ``sim`` (Q, D) float
+similarities, ``rel`` (Q, D) bool relevance, ``valid`` (Q, D) bool or None
+(False = pair ignored entirely). See DESIGN.md §3 "Losses".
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch import nn
+
+
+def check_batch(
+    sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate a loss's inputs and return ``(sim, rel, valid)`` with ``valid`` filled in.
+
+    Raises:
+        ValueError: on a non-tensor or non-2-D/empty ``sim``, a non-floating
+            ``sim``, NaN/inf similarities, non-bool ``rel``/``valid``, or a
+            shape mismatch.
+    """
+    if not isinstance(sim, torch.Tensor) or not isinstance(rel, torch.Tensor):
+        raise ValueError("sim and rel must be torch tensors")
+    if sim.dim() != 2:
+        raise ValueError(f"sim must be a 2-D (Q, D) matrix, got shape {tuple(sim.shape)}")
+    if sim.numel() == 0:
+        raise ValueError(f"sim is empty (shape {tuple(sim.shape)})")
+    if not torch.is_floating_point(sim):
+        raise ValueError(f"sim must be a floating tensor, got {sim.dtype}")
+    if rel.shape != sim.shape:
+        raise ValueError(
+            f"rel shape {tuple(rel.shape)} does not match sim shape {tuple(sim.shape)}"
+        )
+    if rel.dtype != torch.bool:
+        raise ValueError(f"rel must be a bool tensor, got {rel.dtype}")
+    if valid is None:
+        valid = torch.ones_like(rel)
+    else:
+        if not isinstance(valid, torch.Tensor):
+            raise ValueError("valid must be a torch tensor or None")
+        if valid.shape != sim.shape:
+            raise ValueError(
+                f"valid shape {tuple(valid.shape)} does not match sim shape {tuple(sim.shape)}"
+            )
+        if valid.dtype != torch.bool:
+            raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
+    if not bool(torch.isfinite(sim.detach()).all()):
+        bad = int((~torch.isfinite(sim.detach())).sum())
+        raise ValueError(f"sim contains {bad} NaN/inf value(s)")
+    return sim, rel, valid
+
+
+def check_temperature(temperature: float) -> float:
+    temperature = float(temperature)
+    if not temperature > 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    return temperature
+
+
+def check_neg_drop(neg_drop: float) -> float:
+    neg_drop = float(neg_drop)
+    if not 0.0 <= neg_drop < 1.0:
+        raise ValueError(f"neg_drop must be in [0, 1), got {neg_drop}")
+    return neg_drop
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16/bfloat16 -> float32 (accumulations over large batches); float64 stays."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def num_dropped(num_negatives: torch.Tensor | int, rate: float) -> torch.Tensor | int:
+    """floor(rate · N), with rate · N first rounded at 1e-9 so 0.29 · 100 gives 29, not 28."""
+    if isinstance(num_negatives, torch.Tensor):
+        return torch.floor(num_negatives.double() * rate + 1e-9).long()
+    return math.floor(num_negatives * rate + 1e-9)
+
+
+@torch.no_grad()
+def drop_lowest_negatives(
+    scores: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor, rate: float
+) -> torch.Tensor:
+    """Per row, mark the ``floor(rate · N_row)`` lowest-scoring valid negatives as invalid.
+
+    Negative dropping (gSAP paper §3.4): a selection without gradient; positives
+    are always kept. Tie rule: negatives are ordered by (score, column index)
+    ascending and the first ``floor(rate · N)`` are dropped, i.e. among equal
+    scores the one with the smaller column index goes first.
+
+    Args:
+        scores: (R, D) scores.
+        rel: (R, D) bool relevance.
+        valid: (R, D) bool validity.
+        rate: α in [0, 1).
+
+    Returns:
+        (R, D) bool, the new validity mask.
+    """
+    if rate == 0.0:
+        return valid
+    negatives = valid & ~rel
+    key = scores.detach().masked_fill(~negatives, math.inf)
+    order = torch.argsort(key, dim=1, stable=True)
+    drop_count = num_dropped(negatives.sum(1), rate)
+    position = torch.arange(scores.shape[1], device=scores.device)
+    dropped_sorted = position.unsqueeze(0) < drop_count.unsqueeze(1)
+    dropped = torch.zeros_like(valid).scatter_(1, order, dropped_sorted)
+    return valid & ~dropped
+
+
+def zero_loss(sim: torch.Tensor, module: nn.Module, reason: str) -> torch.Tensor:
+    """A 0 loss connected to ``sim`` and to every loss parameter (zero gradients).
+
+    Used when a batch has nothing to rank: backward still reaches the encoder
+    and the loss's own parameters, so DDP sees every parameter used and every
+    rank runs the same collectives.
+    """
+    warnings.warn(f"{type(module).__name__}: {reason}; returning a zero loss", stacklevel=3)
+    out = sim.sum().to(compute_dtype(sim.dtype)) * 0.0
+    for param in module.parameters():
+        out = out + param.sum().to(out.dtype) * 0.0
+    return out

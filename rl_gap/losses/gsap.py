@@ -1,0 +1,128 @@
+"""gSAP: 1 − smoothed AP of the whole (global) batch matrix ranked as one list.
+
+Global Average Precision for Representation Learning (gSAP paper §3.3–3.4):
+every valid (q, d) pair of the similarity matrix enters one ranked list, so
+a positive of query q is compared with the pairs of *every* query, which
+makes similarities comparable across queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from rl_gap.losses.common import (
+    check_batch,
+    check_neg_drop,
+    check_temperature,
+    compute_dtype,
+    drop_lowest_negatives,
+    zero_loss,
+)
+from rl_gap.losses.registry import register_loss
+from rl_gap.losses.smoothed_ap import smoothed_ap_exact
+
+IMPLS = ("auto", "exact", "fast")
+
+# ``impl="auto"`` switches to the sub-quadratic kernel once P × M (positives ×
+# ranked pairs) reaches this many comparisons; below it the exact sweep is
+# cheap enough. Tuned by the fast-kernel benchmark (scripts/bench_losses.py).
+FAST_MIN_COMPARISONS = 1 << 26
+
+
+def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
+    """``rl_gap.losses.fast_rank.smoothed_ap_fast`` if that module exists, else None.
+
+    Imported lazily so the exact path never depends on it. An import error
+    *inside* fast_rank is re-raised rather than silently hidden.
+    """
+    try:
+        from rl_gap.losses import fast_rank
+    except ModuleNotFoundError as err:
+        if err.name in ("rl_gap.losses.fast_rank",):
+            return None
+        raise
+    return getattr(fast_rank, "smoothed_ap_fast", None)
+
+
+@register_loss("gsap")
+class GlobalSmoothAPLoss(nn.Module):
+    """gSAP loss: ``1 − SAP`` over the flattened valid pairs of ``sim``.
+
+    Args:
+        temperature: sigmoid temperature τ > 0 of the smoothed rank.
+        neg_drop: α in [0, 1); the ``floor(α · N)`` lowest-similarity negatives
+            of the flattened list are dropped before ranking (no gradient
+            through the selection; positives always kept; ties broken by
+            row-major flat position, lower first).
+        impl: ``"exact"`` (chunked P × M sweep), ``"fast"`` (the sub-quadratic
+            kernel in ``rl_gap.losses.fast_rank``) or ``"auto"`` (fast when it
+            is importable and P × M ≥ ``FAST_MIN_COMPARISONS``).
+        chunk_size: positives per chunk of the exact sweep (peak extra memory
+            ~3 · chunk_size · M elements); None = automatic (~2^24-element blocks).
+        tolerance: accuracy target passed to the fast kernel.
+
+    Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss (float32 for
+    half-precision inputs, else ``sim.dtype``).
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.01,
+        neg_drop: float = 0.0,
+        impl: str = "auto",
+        chunk_size: int | None = None,
+        tolerance: float = 1e-7,
+    ) -> None:
+        super().__init__()
+        self.temperature = check_temperature(temperature)
+        self.neg_drop = check_neg_drop(neg_drop)
+        if impl not in IMPLS:
+            raise ValueError(f"unknown gsap impl {impl!r}; choose one of {IMPLS}")
+        if impl == "fast" and load_fast_kernel() is None:
+            raise ValueError(
+                "gsap impl='fast' needs rl_gap.losses.fast_rank.smoothed_ap_fast, "
+                "which is not available; use impl='exact' or 'auto'"
+            )
+        if chunk_size is not None and int(chunk_size) < 1:
+            raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size}")
+        self.impl = impl
+        self.chunk_size = None if chunk_size is None else int(chunk_size)
+        self.tolerance = float(tolerance)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, neg_drop={self.neg_drop}, impl={self.impl!r}"
+
+    def select_impl(self, num_pos: int, num_items: int) -> str:
+        """Which kernel ranks a list with ``num_pos`` positives among ``num_items`` items."""
+        if self.impl != "auto":
+            return self.impl
+        if num_pos * num_items >= FAST_MIN_COMPARISONS and load_fast_kernel() is not None:
+            return "fast"
+        return "exact"
+
+    def forward(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        sim, rel, valid = check_batch(sim, rel, valid)
+        scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
+        positive = rel[valid]
+        num_pos = int(positive.sum())
+        if num_pos == 0:
+            return zero_loss(sim, self, "batch has no valid positive pair")
+        if self.neg_drop > 0:
+            keep = drop_lowest_negatives(
+                scores.unsqueeze(0),
+                positive.unsqueeze(0),
+                torch.ones_like(positive)[None],
+                self.neg_drop,
+            )[0]
+            scores, positive = scores[keep], positive[keep]
+        if self.select_impl(num_pos, scores.numel()) == "fast":
+            fast = load_fast_kernel()
+            sap = fast(scores, positive, self.temperature, tolerance=self.tolerance)
+        else:
+            sap = smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
+        return 1.0 - sap
