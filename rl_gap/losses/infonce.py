@@ -85,7 +85,9 @@ class InfoNCELoss(nn.Module):
         return self.log_logit_scale.clamp(max=math.log(self.max_scale)).exp()
 
     def extra_logs(self) -> dict[str, float]:
-        scale = float(self.logit_scale())
+        scale = (
+            float(self.logit_scale().detach()) if self.learnable_scale else 1.0 / self.temperature
+        )
         return {"logit_scale": scale, "temperature": 1.0 / scale}
 
     def forward(

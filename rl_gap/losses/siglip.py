@@ -64,7 +64,10 @@ class SigLIPLoss(nn.Module):
             self.register_buffer("bias", bias)
 
     def extra_logs(self) -> dict[str, float]:
-        return {"logit_scale": float(self.log_scale.exp()), "logit_bias": float(self.bias)}
+        return {
+            "logit_scale": float(self.log_scale.detach().exp()),
+            "logit_bias": float(self.bias.detach()),
+        }
 
     def forward(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
