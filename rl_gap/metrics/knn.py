@@ -1,0 +1,180 @@
+"""Weighted k-nearest-neighbour classification on frozen features.
+
+The protocol of Wu et al., *Unsupervised Feature Learning via Non-Parametric
+Instance Discrimination* (CVPR 2018), as used by DINO and the gSAP paper's
+self-supervised evaluation: features are L2-normalised; each query takes its
+k most cosine-similar bank items, each neighbour votes for its class with
+weight exp(s / T); the prediction is the class with the largest total vote.
+Defaults k = 20, T = 0.07.
+
+Ties: between classes with equal vote, the smallest class index wins
+(``torch.argmax``/stable sort order); between neighbours at the k-th
+similarity, ``torch.topk`` picks arbitrarily (measure-zero for real features).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+
+def _check_features(name: str, features: torch.Tensor, labels: torch.Tensor) -> None:
+    if features.ndim != 2:
+        raise ValueError(f"{name} features must be 2-D (N, D), got shape {tuple(features.shape)}")
+    if labels.ndim != 1 or labels.shape[0] != features.shape[0]:
+        raise ValueError(
+            f"{name} labels must be 1-D with one entry per feature row: features "
+            f"{tuple(features.shape)}, labels {tuple(labels.shape)}"
+        )
+    if features.shape[0] == 0:
+        raise ValueError(f"{name} features are empty")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(f"{name} labels must be integer class ids, got dtype {labels.dtype}")
+    if not torch.isfinite(features).all():
+        raise ValueError(f"{name} features contain NaN or inf")
+
+
+def weighted_knn_scores(
+    query_features: torch.Tensor,
+    bank_features: torch.Tensor,
+    bank_labels: torch.Tensor,
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Per-class weighted votes of each query's k nearest bank items.
+
+    Args:
+        query_features: (Q, D) float features (normalised here).
+        bank_features: (N, D) float features of the labelled bank.
+        bank_labels: (N,) integer classes in [0, num_classes).
+        num_classes: C.
+        k: neighbours per query (clamped to N).
+        temperature: T in the vote weight exp(cos / T).
+        chunk_size: queries scored at once (memory chunk × N).
+
+    Returns:
+        (Q, C) votes in the dtype of the features.
+    """
+    _check_features("query", query_features, torch.zeros(len(query_features), dtype=torch.long))
+    _check_features("bank", bank_features, bank_labels)
+    if query_features.shape[1] != bank_features.shape[1]:
+        raise ValueError(
+            f"query and bank feature widths differ: {query_features.shape[1]} vs "
+            f"{bank_features.shape[1]}"
+        )
+    if k < 1 or temperature <= 0:
+        raise ValueError(f"need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
+    if bank_labels.min() < 0 or bank_labels.max() >= num_classes:
+        raise ValueError(f"bank labels must lie in [0, {num_classes}), got {bank_labels.unique()}")
+    k = min(k, bank_features.shape[0])
+    bank = F.normalize(bank_features, dim=1)
+    labels = bank_labels.to(bank.device).long()
+    out = []
+    for start in range(0, query_features.shape[0], chunk_size):
+        queries = F.normalize(query_features[start : start + chunk_size].to(bank), dim=1)
+        sims, idx = (queries @ bank.T).topk(k, dim=1)
+        weights = (sims / temperature).exp()
+        votes = torch.zeros(queries.shape[0], num_classes, dtype=bank.dtype, device=bank.device)
+        votes.scatter_add_(1, labels[idx], weights)
+        out.append(votes)
+    return torch.cat(out)
+
+
+def weighted_knn_accuracy(
+    query_features: torch.Tensor,
+    query_labels: torch.Tensor,
+    bank_features: torch.Tensor,
+    bank_labels: torch.Tensor,
+    k: int = 20,
+    temperature: float = 0.07,
+    num_classes: int | None = None,
+    top_k: tuple[int, ...] = (1, 5),
+) -> dict[str, float]:
+    """Top-k accuracy of the weighted kNN classifier, e.g. ``{"top1": .., "top5": ..}``."""
+    _check_features("query", query_features, query_labels)
+    if num_classes is None:
+        num_classes = int(max(bank_labels.max(), query_labels.max())) + 1
+    votes = weighted_knn_scores(
+        query_features, bank_features, bank_labels, num_classes, k=k, temperature=temperature
+    )
+    return topk_accuracy(votes, query_labels.to(votes.device), top_k)
+
+
+def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, top_k=(1, 5)) -> dict[str, float]:
+    """Fraction of rows whose label is among the ``t`` highest scores, for t in ``top_k``.
+
+    Ties resolve towards the smaller class index (stable descending sort).
+    """
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    hits = order == labels.long()[:, None]
+    return {
+        f"top{t}": float(hits[:, : min(t, scores.shape[1])].any(dim=1).double().mean())
+        for t in top_k
+    }
+
+
+class WeightedKNNAccuracy(Metric):
+    """Weighted kNN top-k accuracy as a torchmetrics Metric (synced across DDP ranks).
+
+    Feed the labelled bank with ``update(features, labels, bank=True)`` and the
+    evaluated queries with ``update(features, labels)``; ``compute()`` returns
+    ``{"top1": tensor, "top5": tensor}``. States are concatenated across
+    ranks, so every rank classifies against the whole bank.
+
+    Args:
+        k, temperature: see :func:`weighted_knn_scores` (defaults 20, 0.07).
+        num_classes: C; inferred from the largest label seen when ``None``.
+        top_k: accuracies reported.
+        feature_dtype: dtype features are stored in (``torch.float16`` halves
+            the bank's memory; scoring runs in float32).
+    """
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(
+        self,
+        k: int = 20,
+        temperature: float = 0.07,
+        num_classes: int | None = None,
+        top_k: tuple[int, ...] = (1, 5),
+        feature_dtype: torch.dtype = torch.float32,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.k = k
+        self.temperature = temperature
+        self.num_classes = num_classes
+        self.top_k = tuple(top_k)
+        self.feature_dtype = feature_dtype
+        for name in ("bank_features", "bank_labels", "query_features", "query_labels"):
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor, bank: bool = False) -> None:
+        _check_features("bank" if bank else "query", features, labels)
+        feats = F.normalize(features.detach().float(), dim=1).to(self.feature_dtype)
+        prefix = "bank" if bank else "query"
+        getattr(self, f"{prefix}_features").append(feats)
+        getattr(self, f"{prefix}_labels").append(labels.detach().long())
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        if not self.bank_features or not self.query_features:
+            raise ValueError(
+                "WeightedKNNAccuracy needs both bank and query features before compute()"
+            )
+        bank = dim_zero_cat(self.bank_features).float()
+        bank_labels = dim_zero_cat(self.bank_labels)
+        queries = dim_zero_cat(self.query_features).float()
+        query_labels = dim_zero_cat(self.query_labels)
+        num_classes = self.num_classes
+        if num_classes is None:
+            num_classes = int(max(bank_labels.max(), query_labels.max())) + 1
+        votes = weighted_knn_scores(
+            queries, bank, bank_labels, num_classes, k=self.k, temperature=self.temperature
+        )
+        accuracy = topk_accuracy(votes, query_labels, self.top_k)
+        return {name: torch.tensor(value, device=votes.device) for name, value in accuracy.items()}
