@@ -53,7 +53,9 @@ class _GatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        grad = grad.contiguous()
+        # A private contiguous copy: all_reduce works in place and the incoming
+        # gradient buffer may be shared with other autograd consumers.
+        grad = grad.clone(memory_format=torch.contiguous_format)
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         start = sum(ctx.sizes[: rank()])
         return grad[start : start + ctx.sizes[rank()]]
