@@ -1,1 +1,45 @@
-"""rl_gap.metrics.functional."""
+"""Exact retrieval metrics as functions of tensors (no Lightning).
+
+- ``global_ap``, ``mean_ap``, ``recall_at_k``, ``recall_at_precision``,
+  ``global_f1``, ``per_query_f1``: on a materialised ``(scores, rel, valid)``.
+- ``evaluate_embeddings``: every metric from embeddings and labels in one pass
+  over GEMM blocks, never building the Q x D matrix.
+"""
+
+from rl_gap.metrics.functional.ceiling import consistency_ceiling
+from rl_gap.metrics.functional.dense import state_from_scores
+from rl_gap.metrics.functional.engine import state_from_embeddings
+from rl_gap.metrics.functional.protocol import (
+    bootstrap_from_state,
+    split_classes,
+    threshold_protocol_from_state,
+)
+from rl_gap.metrics.functional.retrieval import (
+    global_ap,
+    global_f1,
+    mean_ap,
+    per_query_f1,
+    recall_at_k,
+    recall_at_precision,
+)
+from rl_gap.metrics.functional.state import RetrievalState
+from rl_gap.metrics.functional.suite import evaluate_embeddings, evaluate_scores, metrics_from_state
+
+__all__ = [
+    "RetrievalState",
+    "bootstrap_from_state",
+    "consistency_ceiling",
+    "evaluate_embeddings",
+    "evaluate_scores",
+    "metrics_from_state",
+    "split_classes",
+    "state_from_embeddings",
+    "threshold_protocol_from_state",
+    "global_ap",
+    "global_f1",
+    "mean_ap",
+    "per_query_f1",
+    "recall_at_k",
+    "recall_at_precision",
+    "state_from_scores",
+]

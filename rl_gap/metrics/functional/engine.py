@@ -1,0 +1,262 @@
+"""The evaluation engine: retrieval state from embeddings in one pass of GEMM blocks.
+
+The Q x D similarity matrix is never built. Queries and database are sorted
+by label so positives sit in few blocks:
+
+1. *positives*: only the GEMM blocks that hold a positive pair are computed;
+   their positive scores form the grid (G distinct values);
+2. *negatives*: every block is computed (the same blocks, same shapes, so a
+   positive and a negative with equal scores stay tied), positives and self
+   pairs are masked to ``-inf`` and the rest is counted on the grid
+   (``NegativeCounter``: O(1) per pair).
+
+Blocks of step 1 are kept for step 2 within ``cache_bytes``. Memory is
+O(P + groups·G + block) besides the embeddings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rl_gap.metrics.functional.counting import NegativeCounter
+from rl_gap.metrics.functional.dense import bootstrap_knots, prepare_positives
+from rl_gap.metrics.functional.state import RetrievalState, compute_dtype_for
+
+__all__ = ["state_from_embeddings", "positive_pairs_from_labels", "as_tensor"]
+
+
+def as_tensor(x, name: str) -> Tensor:
+    """Tensor view of a tensor / numpy array (memory maps stay mapped)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype == object or x.dtype.kind in "USO":
+            raise ValueError(f"{name} must be numeric, got numpy dtype {x.dtype}")
+        return torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(np.asarray(x))
+    raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
+
+
+def _check_embeddings(x: Tensor, name: str) -> None:
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, dim), got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
+    step = max(1, (1 << 24) // max(1, x.shape[1]))
+    for start in range(0, x.shape[0], step):
+        if not bool(torch.isfinite(x[start : start + step]).all()):
+            raise ValueError(f"{name} contain NaN or inf")
+
+
+def _check_labels(labels: Tensor, count: int, name: str) -> Tensor:
+    if labels.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(labels.shape)}")
+    if labels.shape[0] != count:
+        raise ValueError(f"{name} has length {labels.shape[0]}, expected {count} (one per row)")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        if labels.dtype.is_floating_point and not bool((labels == labels.round()).all()):
+            raise ValueError(f"{name} must be integer class ids, got dtype {labels.dtype}")
+    return labels.long()
+
+
+def positive_pairs_from_labels(
+    query_labels: Tensor, database_labels: Tensor, exclude_self: bool
+) -> tuple[Tensor, Tensor]:
+    """All (query, database) index pairs with equal labels, ordered by query.
+
+    Assumes ``database_labels`` is sorted ascending (the engine sorts it).
+    """
+    lo = torch.searchsorted(database_labels, query_labels, right=False)
+    hi = torch.searchsorted(database_labels, query_labels, right=True)
+    counts = hi - lo
+    q_idx = torch.repeat_interleave(torch.arange(query_labels.numel()), counts)
+    starts = torch.repeat_interleave(lo - (torch.cumsum(counts, 0) - counts), counts)
+    d_idx = torch.arange(q_idx.numel()) + starts
+    if exclude_self:
+        keep = q_idx != d_idx
+        q_idx, d_idx = q_idx[keep], d_idx[keep]
+    return q_idx, d_idx
+
+
+def _blocks(size: int, step: int) -> list[tuple[int, int]]:
+    return [(s, min(size, s + step)) for s in range(0, size, step)]
+
+
+def state_from_embeddings(
+    queries,
+    database=None,
+    query_labels=None,
+    database_labels=None,
+    *,
+    exclude_self: bool = False,
+    relevant_pairs: tuple[Tensor, Tensor] | None = None,
+    block_size: int | tuple[int, int] = 2048,
+    device: torch.device | str | None = None,
+    query_group: Tensor | None = None,
+    num_groups: int = 1,
+    bootstrap_budget: int = 0,
+    cache_bytes: int = 256 << 20,
+) -> RetrievalState:
+    """Exact retrieval state from embeddings; scores are dot products.
+
+    Args:
+        queries: (Q, dim) float tensor or numpy array (memory maps are read block-wise).
+        database: (D, dim); None = the queries themselves.
+        query_labels / database_labels: (Q,) / (D,) integer labels; relevance = same label.
+        exclude_self: leave-one-out; query i is database item i, the pair is ignored.
+        relevant_pairs: instead of labels, explicit ``(query_idx, database_idx)`` positives.
+        block_size: GEMM block rows = columns (or ``(rows, columns)``).
+        device: where to score (default: the queries' device); fp16/bf16 are scored in fp32.
+        query_group / num_groups: per-query group ids for split metrics.
+        bootstrap_budget: per-query knot counts kept for the gAP bootstrap (0: none).
+        cache_bytes: memory for keeping positive blocks between the two steps.
+    """
+    queries = as_tensor(queries, "queries")
+    database = queries if database is None else as_tensor(database, "database")
+    _check_embeddings(queries, "query embeddings")
+    if database is not queries:
+        _check_embeddings(database, "database embeddings")
+    if queries.shape[1] != database.shape[1]:
+        raise ValueError(
+            f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"
+        )
+    num_q, num_d = queries.shape[0], database.shape[0]
+    if exclude_self and num_q != num_d:
+        raise ValueError(f"exclude_self needs queries == database, got {num_q} vs {num_d} rows")
+    device = torch.device(device) if device is not None else queries.device
+    dtype = compute_dtype_for(torch.promote_types(queries.dtype, database.dtype))
+    rows_step, cols_step = (block_size, block_size) if isinstance(block_size, int) else block_size
+    if rows_step < 1 or cols_step < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+
+    # ---- relevance, in label-sorted order
+    if relevant_pairs is not None:
+        perm_q = torch.arange(num_q)
+        perm_d = torch.arange(num_d)
+        q_idx, d_idx = (as_tensor(t, "relevant_pairs").long().cpu() for t in relevant_pairs)
+        if q_idx.shape != d_idx.shape or q_idx.ndim != 1:
+            raise ValueError("relevant_pairs must be two 1-D index tensors of equal length")
+        if q_idx.numel() and (
+            q_idx.min() < 0 or q_idx.max() >= num_q or d_idx.min() < 0 or d_idx.max() >= num_d
+        ):
+            raise ValueError("relevant_pairs index out of range")
+        key = torch.unique(q_idx * num_d + d_idx)
+        q_idx, d_idx = key // num_d, key % num_d
+        if exclude_self:
+            keep = q_idx != d_idx
+            q_idx, d_idx = q_idx[keep], d_idx[keep]
+    else:
+        if query_labels is None or database_labels is None:
+            if query_labels is not None and database is queries:
+                database_labels = query_labels
+            else:
+                raise ValueError("give query_labels and database_labels, or relevant_pairs")
+        q_lab = _check_labels(as_tensor(query_labels, "query_labels").cpu(), num_q, "query_labels")
+        d_lab = _check_labels(
+            as_tensor(database_labels, "database_labels").cpu(), num_d, "database_labels"
+        )
+        perm_q = torch.argsort(q_lab, stable=True)
+        perm_d = perm_q if exclude_self else torch.argsort(d_lab, stable=True)
+        if exclude_self and not bool((q_lab == d_lab).all()):
+            raise ValueError("exclude_self needs query_labels == database_labels")
+        q_idx, d_idx = positive_pairs_from_labels(q_lab[perm_q], d_lab[perm_d], exclude_self)
+
+    # ---- step 1: positive scores from the blocks that hold them
+    row_blocks, col_blocks = _blocks(num_q, rows_step), _blocks(num_d, cols_step)
+    db_sorted = database[perm_d] if relevant_pairs is None else database
+    db_dev = db_sorted.to(device=device, dtype=dtype)
+
+    def query_block(r0: int, r1: int) -> Tensor:
+        return queries[perm_q[r0:r1]].to(device=device, dtype=dtype)
+
+    def gemm(r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None) -> Tensor:
+        q_blk = query_block(r0, r1) if q_blk is None else q_blk
+        return q_blk @ db_dev[c0:c1].T
+
+    n_col_blocks = len(col_blocks)
+    block_id = (q_idx // rows_step) * n_col_blocks + d_idx // cols_step
+    order = torch.argsort(block_id, stable=True)
+    q_idx, d_idx, block_id = q_idx[order], d_idx[order], block_id[order]
+    ids, counts = torch.unique_consecutive(block_id, return_counts=True)
+    bounds = torch.cumsum(counts, 0).tolist()
+    block_pairs: dict[int, tuple[Tensor, Tensor]] = {}
+    pos_scores = torch.empty(q_idx.numel(), dtype=dtype, device=device)
+    cache: dict[int, Tensor] = {}
+    cached = 0
+    start = 0
+    for bid, stop in zip(ids.tolist(), bounds):
+        rb, cb = divmod(bid, n_col_blocks)
+        (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
+        rows = (q_idx[start:stop] - r0).to(device)
+        cols = (d_idx[start:stop] - c0).to(device)
+        block = gemm(r0, r1, c0, c1)
+        pos_scores[start:stop] = block[rows, cols]
+        block_pairs[bid] = (rows, cols)
+        block_bytes = block.numel() * block.element_size()
+        if cached + block_bytes <= cache_bytes:
+            block[rows, cols] = float("-inf")
+            if exclude_self:
+                block.diagonal(r0 - c0).fill_(float("-inf"))
+            cache[bid] = block
+            cached += block_bytes
+        start = stop
+    if not bool(torch.isfinite(pos_scores).all()):
+        raise ValueError("scores overflow to inf: embeddings too large for the scoring dtype")
+
+    # ---- grid and counter
+    pos_query = q_idx.to(device)
+    _, pos_query, pos_scores, offsets, grid, pos_grid_index = prepare_positives(
+        pos_query, pos_scores, num_q
+    )
+    group_sorted = (
+        torch.zeros(num_q, dtype=torch.long)
+        if query_group is None
+        else as_tensor(query_group, "query_group").long().cpu()[perm_q]
+    )
+    knots = None
+    pos_neg_ge = torch.zeros(pos_query.numel(), dtype=torch.long, device=device)
+    grid_neg_ge = torch.zeros((num_groups, 0), dtype=torch.long, device=device)
+    boot = None
+    if grid.numel() > 0:
+        if bootstrap_budget > 0:
+            knots = bootstrap_knots(pos_grid_index, grid.numel(), num_q, bootstrap_budget)
+        counter = NegativeCounter(
+            grid, offsets, pos_grid_index, group_sorted.to(device), num_groups, knots
+        )
+        # ---- step 2: every block, negatives only
+        for rb, (r0, r1) in enumerate(row_blocks):
+            counter.begin_rows(r0, r1)
+            q_blk = query_block(r0, r1)
+            for cb, (c0, c1) in enumerate(col_blocks):
+                bid = rb * n_col_blocks + cb
+                block = cache.pop(bid, None)
+                if block is None:
+                    block = gemm(r0, r1, c0, c1, q_blk)
+                    if bid in block_pairs:
+                        rows, cols = block_pairs[bid]
+                        block[rows, cols] = float("-inf")
+                    if exclude_self and r0 < c1 and c0 < r1:
+                        block.diagonal(r0 - c0).fill_(float("-inf"))
+                counter.add(block)
+            counter.end_rows()
+        pos_neg_ge, grid_neg_ge, boot = counter.finish()
+
+    # ---- back to the caller's query order
+    orig_query = perm_q.to(device)[pos_query]
+    back = torch.argsort(orig_query, stable=True)
+    num_pos = torch.bincount(orig_query, minlength=num_q)
+    num_negatives = num_d - num_pos - (1 if exclude_self else 0)
+    if boot is not None:
+        unsorted = torch.empty_like(boot)
+        unsorted[perm_q.to(device)] = boot
+        boot = unsorted
+    group = torch.zeros(num_q, dtype=torch.long) if query_group is None else group_sorted.clone()
+    if query_group is not None:
+        group[perm_q] = group_sorted
+    return RetrievalState(
+        num_q, pos_scores[back], orig_query[back], pos_neg_ge[back], grid,
+        pos_grid_index[back], grid_neg_ge, group.to(device), num_negatives, knots, boot,
+    )  # fmt: skip

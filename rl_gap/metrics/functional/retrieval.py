@@ -1,0 +1,74 @@
+"""Functional retrieval metrics on a materialised matrix ``(scores, rel, valid)``.
+
+Same calling convention as the losses (DESIGN §3): ``scores`` (Q, D) float,
+``rel`` (Q, D) bool, ``valid`` optional (Q, D) bool (False = pair ignored).
+Each returns a 0-d tensor on the scores' device, float64 when the scores are
+float64 (float32 otherwise). Definitions with pessimistic ties: DESIGN §4.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rl_gap.metrics.functional import ranking
+from rl_gap.metrics.functional.dense import state_from_scores
+
+__all__ = [
+    "global_ap",
+    "mean_ap",
+    "recall_at_k",
+    "recall_at_precision",
+    "global_f1",
+    "per_query_f1",
+]
+
+
+def _out(value: Tensor, scores: Tensor) -> Tensor:
+    dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    return value.to(device=scores.device, dtype=dtype)
+
+
+def global_ap(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Global AP: one AP over every valid pair (gSAP paper §3.1).
+
+    Rows without positives still add their pairs as negatives. NaN if no
+    valid positive exists.
+    """
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.global_ap_from_state(state), scores)
+
+
+def mean_ap(
+    scores: Tensor, rel: Tensor, valid: Tensor | None = None, k: int | None = None
+) -> Tensor:
+    """mAP over rows with >= 1 positive; ``k`` gives mAP@k (normalised by min(k, |P|))."""
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.mean_ap_from_state(state, k), scores)
+
+
+def recall_at_k(scores: Tensor, rel: Tensor, valid: Tensor | None = None, k: int = 1) -> Tensor:
+    """Share of rows with >= 1 positive having a positive in the top ``k``
+    (ties broken against the row: tied negatives rank first)."""
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.recall_at_k_from_state(state, k), scores)
+
+
+def recall_at_precision(
+    scores: Tensor, rel: Tensor, valid: Tensor | None = None, precision: float = 0.9
+) -> Tensor:
+    """Largest recall over global thresholds whose precision is >= ``precision`` (0 if none)."""
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.recall_at_precision_from_state(state, precision)[0], scores)
+
+
+def global_f1(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Best F1 of one shared (global) threshold over all valid pairs."""
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.global_f1_from_state(state)[0], scores)
+
+
+def per_query_f1(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Mean over rows with >= 1 positive of the row's best-threshold F1 (F1q)."""
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.per_query_f1_from_state(state), scores)
