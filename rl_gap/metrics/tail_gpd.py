@@ -1,0 +1,211 @@
+"""Generalized Pareto tail fit, vectorised over queries (profile likelihood).
+
+The tail-aware (EVT) estimator of *Web Scale on a Budget* (App. B) fits a
+generalized Pareto distribution (GPD) with shape ξ ∈ [−1, 0] and scale σ to
+the excesses ``y = s − u > 0`` of each query's distractor scores over a high
+threshold ``u``. The GPD survival function is
+``P(Y > y) = (1 + ξ y / σ)^(−1/ξ)`` (``exp(−y/σ)`` at ξ = 0), with a finite
+endpoint ``−σ/ξ`` when ξ < 0 (cosine scores are bounded).
+
+Why not ``scipy.stats.genpareto.fit``: maximum likelihood is non-regular for
+ξ < −0.5 and unbounded for ξ < −1, and bounded quasi-Newton optimisers were
+seen stalling far from the optimum. Re-parametrising with θ = ξ/σ gives, for
+fixed θ, the closed-form maximiser ``ξ̂(θ) = mean log1p(θ·y)``,
+``σ̂(θ) = ξ̂/θ`` and the profile log-likelihood
+``ℓ(θ) = −n·(log σ̂(θ) + ξ̂(θ) + 1)``: a one-dimensional problem that is
+solved for all queries at once (grid over θ, then golden-section refinement
+around the best grid point).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+@dataclass
+class GPDFit:
+    """Per-query GPD parameters (all shape (Q,), float64).
+
+    Attributes:
+        sigma: scale σ > 0.
+        xi: shape ξ ∈ [xi_min, 0].
+        loglik: maximised log-likelihood of the (weighted) excesses.
+        n: (weighted) number of excesses used.
+        ok: False where the fit is degenerate (too few excesses, all excesses
+            zero); callers fall back to counting there.
+    """
+
+    sigma: torch.Tensor
+    xi: torch.Tensor
+    loglik: torch.Tensor
+    n: torch.Tensor
+    ok: torch.Tensor
+
+
+def gpd_survival(y: torch.Tensor, sigma: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+    """GPD survival ``P(Y ≥ y)`` for excess ``y ≥ 0`` (broadcasting).
+
+    Zero beyond the endpoint ``−σ/ξ`` when ξ < 0; ``exp(−y/σ)`` where ξ = 0.
+    """
+    z = xi * y / sigma
+    inside = 1.0 + z
+    safe_xi = torch.where(xi == 0, torch.ones_like(xi), xi)
+    power = torch.exp(-torch.log(inside.clamp_min(1e-300)) / safe_xi)
+    out = torch.where(xi == 0, torch.exp(-y / sigma), power)
+    return torch.where(inside > 0, out, torch.zeros_like(out))
+
+
+def _profile(
+    t: torch.Tensor, y_scaled: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, ymax: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Profile log-likelihood at scaled θ: ``t = θ·ymax`` ∈ (−1, 0), shape (Q, G).
+
+    Returns (loglik, xi, sigma), each (Q, G).
+    """
+    # log1p(θ y) = log1p(t · y/ymax); (Q, G, n) is small: n ≈ 200 excesses.
+    logs = torch.log1p(t.unsqueeze(-1) * y_scaled.unsqueeze(1))
+    xi = (logs * w.unsqueeze(1)).sum(-1) / wsum.unsqueeze(1)
+    sigma = xi * ymax.unsqueeze(1) / t
+    loglik = -wsum.unsqueeze(1) * (torch.log(sigma) + xi + 1.0)
+    return loglik, xi, sigma
+
+
+def fit_gpd(
+    excess: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    *,
+    xi_min: float = -1.0,
+    min_excesses: float = 10.0,
+    grid_size: int = 40,
+    refine_steps: int = 40,
+) -> GPDFit:
+    """Maximum-likelihood GPD fit with ξ ∈ [xi_min, 0], one fit per row.
+
+    Args:
+        excess: (Q, n) excesses over the threshold, ≥ 0; entries whose weight is
+            0 (or NaN entries) are padding.
+        weight: optional (Q, n) non-negative weights (e.g. bootstrap
+            multiplicities); default 1 for every finite entry.
+        xi_min: lower bound on ξ (−1: the likelihood is unbounded below it).
+        min_excesses: rows with fewer (weighted) excesses are flagged not ok.
+        grid_size: θ grid points before refinement.
+        refine_steps: golden-section iterations around the best grid point.
+
+    Returns:
+        GPDFit with (Q,) float64 tensors.
+    """
+    if excess.dim() != 2:
+        raise ValueError(f"excess must be (Q, n), got shape {tuple(excess.shape)}")
+    if not -1.0 <= xi_min <= 0.0:
+        raise ValueError(f"xi_min must lie in [-1, 0], got {xi_min}")
+    y = excess.to(torch.float64)
+    finite = torch.isfinite(y)
+    w = torch.ones_like(y) if weight is None else weight.to(torch.float64).clone()
+    w = torch.where(finite, w, torch.zeros_like(w))
+    y = torch.where(finite, y, torch.zeros_like(y))
+    if bool((y < 0).any()):
+        raise ValueError("GPD excesses must be non-negative")
+    wsum = w.sum(-1)
+    ymax = torch.where(w > 0, y, torch.zeros_like(y)).amax(-1)
+    ok = (wsum >= min_excesses) & (ymax > 0)
+    # Degenerate rows get a harmless stand-in so the vectorised maths stays finite.
+    ymax_safe = torch.where(ok, ymax, torch.ones_like(ymax))
+    wsum_safe = torch.where(ok, wsum, torch.ones_like(wsum))
+    w_safe = torch.where(ok.unsqueeze(-1), w, torch.ones_like(w))
+    y_scaled = torch.where(ok.unsqueeze(-1), y / ymax_safe.unsqueeze(-1), torch.full_like(y, 0.5))
+    mean_y = (w_safe * y_scaled).sum(-1) / wsum_safe * ymax_safe
+    Q = y.shape[0]
+
+    # Candidate 1, ξ = 0 (θ → 0): exponential, σ = mean excess.
+    best_ll = -wsum_safe * (torch.log(mean_y) + 1.0)
+    best_xi = torch.zeros(Q, dtype=torch.float64)
+    best_sigma = mean_y.clone()
+    # Candidate 2, ξ = −1 boundary: uniform on [0, σ], best σ = max excess.
+    if xi_min <= -1.0:
+        ll_uniform = -wsum_safe * torch.log(ymax_safe)
+        take = ll_uniform > best_ll
+        best_ll = torch.where(take, ll_uniform, best_ll)
+        best_xi = torch.where(take, torch.full_like(best_xi, -1.0), best_xi)
+        best_sigma = torch.where(take, ymax_safe, best_sigma)
+
+    # Candidate 3: interior of the θ path. Scaled t = θ·ymax ∈ (−1, 0); the
+    # profile is steep near t = −1, so add points geometrically close to it.
+    uniform = torch.linspace(-1.0, 0.0, grid_size + 1, dtype=torch.float64)[1:-1]
+    near_pole = -1.0 + torch.logspace(-6, -2, 9, dtype=torch.float64)
+    grid = torch.sort(torch.cat([near_pole, uniform])).values
+    grid_q = grid.unsqueeze(0).expand(Q, -1)
+
+    def feasible_loglik(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ll, xi, sigma = _profile(t, y_scaled, w_safe, wsum_safe, ymax_safe)
+        ll = torch.where((xi >= xi_min) & torch.isfinite(ll), ll, torch.full_like(ll, -math.inf))
+        return ll, xi, sigma
+
+    # The grid only brackets the maximum: float32 halves its cost; refinement is float64.
+    ll_grid, xi_grid, _ = _profile(
+        grid_q.float(), y_scaled.float(), w_safe.float(), wsum_safe.float(), ymax_safe.float()
+    )
+    ll_grid = torch.where(
+        (xi_grid >= xi_min) & torch.isfinite(ll_grid), ll_grid, torch.full_like(ll_grid, -math.inf)
+    )
+    i_best = ll_grid.argmax(-1)
+    padded = torch.cat([grid.new_tensor([-1.0]), grid, grid.new_tensor([-1e-12])])
+    lo = padded[i_best]  # neighbour left of the best grid point (padded index shift)
+    hi = padded[i_best + 2]
+    # Golden-section search for the maximum on [lo, hi], all rows at once.
+    a, b = lo.clone(), hi.clone()
+    c = b - _GOLDEN * (b - a)
+    d = a + _GOLDEN * (b - a)
+    fc = feasible_loglik(c.unsqueeze(-1))[0].squeeze(-1)
+    fd = feasible_loglik(d.unsqueeze(-1))[0].squeeze(-1)
+    for _ in range(refine_steps):
+        left = fc >= fd  # maximum lies in [a, d]
+        b = torch.where(left, d, b)
+        a = torch.where(left, a, c)
+        new_c = b - _GOLDEN * (b - a)
+        new_d = a + _GOLDEN * (b - a)
+        c_next = torch.where(left, new_c, d)
+        d_next = torch.where(left, c, new_d)
+        f_eval = feasible_loglik(torch.where(left, new_c, new_d).unsqueeze(-1))[0].squeeze(-1)
+        fc_next = torch.where(left, f_eval, fd)
+        fd_next = torch.where(left, fc, f_eval)
+        c, d, fc, fd = c_next, d_next, fc_next, fd_next
+    # Keep the best of the refined point and the best grid point.
+    t_ref = torch.where(fc >= fd, c, d)
+    t_all = torch.stack([t_ref, grid[i_best]], dim=-1)
+    ll_all, xi_all, sigma_all = feasible_loglik(t_all)
+    j = ll_all.argmax(-1, keepdim=True)
+    ll_in = ll_all.gather(-1, j).squeeze(-1)
+    take = ll_in > best_ll
+    best_ll = torch.where(take, ll_in, best_ll)
+    best_xi = torch.where(take, xi_all.gather(-1, j).squeeze(-1), best_xi)
+    best_sigma = torch.where(take, sigma_all.gather(-1, j).squeeze(-1), best_sigma)
+
+    nan = torch.full_like(best_ll, math.nan)
+    return GPDFit(
+        sigma=torch.where(ok, best_sigma, nan),
+        xi=torch.where(ok, best_xi, nan),
+        loglik=torch.where(ok, best_ll, nan),
+        n=wsum,
+        ok=ok,
+    )
+
+
+def gpd_loglik(excess: torch.Tensor, sigma: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
+    """Log-likelihood of (Q, n) excesses under per-row GPD (σ, ξ) (unweighted, for checks)."""
+    y = excess.to(torch.float64)
+    sigma = sigma.to(torch.float64).unsqueeze(-1)
+    xi = xi.to(torch.float64).unsqueeze(-1)
+    z = 1.0 + xi * y / sigma
+    safe_xi = torch.where(xi == 0, torch.ones_like(xi), xi)
+    term = torch.where(xi == 0, y / sigma, (1.0 / safe_xi + 1.0) * torch.log(z.clamp_min(1e-300)))
+    # ξ = −1 is the uniform law on [0, σ]: the log term's factor vanishes, endpoint included.
+    term = torch.where(xi == -1, torch.zeros_like(term), term)
+    z = torch.where((xi == -1) & (y <= sigma), torch.ones_like(z), z)
+    ll = -torch.log(sigma) - term
+    ll = torch.where(z > 0, ll, torch.full_like(ll, -math.inf))
+    return ll.sum(-1)

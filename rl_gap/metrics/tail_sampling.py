@@ -1,0 +1,215 @@
+"""Distractor sampling and the streaming per-query tail state.
+
+- :func:`hash_uniform` / :func:`sample_mask`: a deterministic i.i.d. sampler for
+  distractor pools. Item ``i`` is kept iff ``hash(i, seed) < rate``, so every
+  model is evaluated on the *same* sample, samples at smaller rates are nested
+  in those at larger rates, and no shuffle of the pool is needed (the paper's
+  protocol requires a uniform random sample, §4).
+- :class:`NestedTopK`: the running top-T distractor scores of every query,
+  kept separately for disjoint random parts of the sample so that the nested
+  sub-samples S/8 ⊂ S/4 ⊂ S/2 ⊂ S can be recovered exactly at the end. Memory
+  is O(P·Q·T), never O(Q·S); each pushed block costs one comparison per score
+  plus work proportional to the scores that enter a top-T list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_GOLDEN64 = np.uint64(0x9E3779B97F4A7C15)
+
+#: Nested sub-sample fractions kept by default (the plot's measured points and
+#: the budget diagnostic's S/4, S/2, S).
+DEFAULT_FRACTIONS: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser on uint64 arrays (wrap-around arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def hash_uniform(ids: np.ndarray | torch.Tensor | list[int], seed: int = 0) -> np.ndarray:
+    """Deterministic uniform value in [0, 1) for every integer item id.
+
+    ``u = (mix64(id·φ + mix64(seed + φ)) >> 11) / 2^53`` with SplitMix64's
+    finaliser ``mix64`` and φ the 64-bit golden ratio: well mixed, reproducible
+    across machines, independent of the order or sharding of the pool.
+
+    Args:
+        ids: integer ids (any shape; negative ids are read modulo 2^64).
+        seed: sampler seed; different seeds give independent samples.
+
+    Returns:
+        float64 array of the same shape.
+    """
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"item ids must be integers, got dtype {arr.dtype}")
+    z = arr.astype(np.int64).view(np.uint64) if arr.dtype.kind == "i" else arr.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        key = _mix64(np.asarray([np.uint64(seed % (1 << 64)) + _GOLDEN64], dtype=np.uint64))[0]
+        h = _mix64(z * _GOLDEN64 + key)
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def sample_mask(
+    ids: np.ndarray | torch.Tensor | list[int], rate: float, seed: int = 0
+) -> np.ndarray:
+    """Boolean mask keeping item ``i`` iff ``hash_uniform(i, seed) < rate``.
+
+    Samples at rates r1 < r2 with the same seed are nested.
+    """
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"sampling rate must lie in (0, 1], got {rate}")
+    return hash_uniform(ids, seed) < rate
+
+
+def part_of(u: torch.Tensor, fractions: tuple[float, ...]) -> torch.Tensor:
+    """Disjoint part index for uniforms ``u``: part p holds u ∈ [f_{p−1}, f_p)."""
+    edges = torch.tensor(fractions[:-1], dtype=torch.float64)
+    return torch.bucketize(u.to(torch.float64), edges, right=True)
+
+
+class NestedTopK:
+    """Running top-``capacity`` scores per query for disjoint parts of a sample.
+
+    Part p receives the distractors whose uniform lies in
+    ``[fractions[p−1], fractions[p])``; the union of parts 0..p is then an
+    i.i.d. sub-sample of relative size ``fractions[p]``, and the top-T of a
+    union is the top-T of its parts' top-T lists (:meth:`level`).
+
+    Args:
+        n_queries: Q.
+        capacity: T, scores kept per query and part (≥ k and ≥ the EVT's 4000).
+        fractions: increasing nested fractions ending at 1.
+        dtype: storage dtype of the kept scores.
+    """
+
+    def __init__(
+        self,
+        n_queries: int,
+        capacity: int,
+        fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if abs(fractions[-1] - 1.0) > 1e-12 or any(
+            b <= a for a, b in zip(fractions[:-1], fractions[1:])
+        ):
+            raise ValueError(f"fractions must increase strictly to 1, got {fractions}")
+        self.fractions = tuple(float(f) for f in fractions)
+        self.capacity = int(capacity)
+        self.top = torch.full((len(fractions), n_queries, capacity), -torch.inf, dtype=dtype)
+        self.seen = torch.zeros(len(fractions), dtype=torch.long)
+
+    @property
+    def n_queries(self) -> int:
+        return self.top.shape[1]
+
+    def push(self, scores: torch.Tensor, part: int | torch.Tensor = -1) -> None:
+        """Add a block of distractor scores (Q, B).
+
+        Args:
+            scores: (Q, B) scores of B distractors against every query.
+            part: one part index for the whole block, or a (B,) tensor of part
+                indices (e.g. :func:`part_of` of hashed ids).
+        """
+        if scores.dim() != 2 or scores.shape[0] != self.n_queries:
+            raise ValueError(
+                f"scores must be (Q={self.n_queries}, B), got shape {tuple(scores.shape)}"
+            )
+        if isinstance(part, int):
+            self._push_part(scores, part % len(self.fractions))
+            return
+        if part.numel() and bool((part == part[0]).all()):
+            self._push_part(scores, int(part[0]) % len(self.fractions))
+            return
+        for p in range(len(self.fractions)):
+            cols = (part == p).nonzero().squeeze(1)
+            if cols.numel():
+                self._push_part(scores.index_select(1, cols), p)
+
+    def _push_part(self, scores: torch.Tensor, p: int) -> None:
+        scores = scores.to(self.top.dtype)
+        current = self.top[p]
+        n_cols = scores.shape[1]
+        self.seen[p] += n_cols
+        if self.seen[p] - n_cols < self.capacity:
+            merged = torch.cat([current, scores], dim=1)
+        else:
+            # Only scores above the row's current T-th best can enter its list.
+            kth = current.amin(dim=1, keepdim=True)
+            enter = scores > kth
+            per_row = enter.sum(1)
+            width = int(per_row.max())
+            if width == 0:
+                return
+            if width * 4 > n_cols:
+                merged = torch.cat([current, scores], dim=1)
+            else:
+                rows, cols = enter.nonzero(as_tuple=True)
+                starts = torch.cumsum(per_row, 0) - per_row
+                slot = torch.arange(rows.numel()) - starts[rows]
+                candidates = torch.full((self.n_queries, width), -torch.inf, dtype=self.top.dtype)
+                candidates[rows, slot] = scores[rows, cols]
+                merged = torch.cat([current, candidates], dim=1)
+        self.top[p] = torch.topk(merged, self.capacity, dim=1, sorted=False).values
+
+    def level(self, index: int) -> tuple[torch.Tensor, int]:
+        """Top-T (Q, T) float64, sorted descending, and size of nested level ``index``."""
+        parts = self.top[: index + 1]
+        merged = parts.permute(1, 0, 2).reshape(self.n_queries, -1)
+        top = torch.topk(merged, min(self.capacity, merged.shape[1]), dim=1).values
+        return top.to(torch.float64), int(self.seen[: index + 1].sum())
+
+    @staticmethod
+    def merge_ranks(stacked: torch.Tensor) -> torch.Tensor:
+        """Merge (W, P, Q, T) per-rank states into one (P, Q, T) (DDP reduction)."""
+        w, p, q, t = stacked.shape
+        flat = stacked.permute(1, 2, 0, 3).reshape(p, q, w * t)
+        return torch.topk(flat, t, dim=-1, sorted=False).values
+
+
+def stream_scores(
+    queries: torch.Tensor,
+    distractors: torch.Tensor | np.ndarray,
+    state: NestedTopK,
+    *,
+    part: torch.Tensor | None = None,
+    block_size: int = 32768,
+    progress=None,
+) -> None:
+    """Score distractor embeddings against all queries in GEMM blocks into ``state``.
+
+    Args:
+        queries: (Q, d) query embeddings.
+        distractors: (B, d) embeddings (tensor, array or memory map; read blockwise).
+        state: the tail state to update.
+        part: optional (B,) part indices; default: nested parts by position
+            (valid when the distractors are already an i.i.d. sample in random
+            order: prefixes are then random sub-samples).
+        block_size: distractors per GEMM block.
+        progress: optional callable ``progress(n_done)`` after each block.
+    """
+    n = distractors.shape[0]
+    if part is None:
+        # Position-based nesting: first f_0·n items → part 0, and so on.
+        bounds = [0] + [int(round(f * n)) for f in state.fractions]
+        part = torch.empty(n, dtype=torch.long)
+        for p in range(len(state.fractions)):
+            part[bounds[p] : bounds[p + 1]] = p
+    q = queries.to(torch.float32)
+    for start in range(0, n, block_size):
+        block = distractors[start : start + block_size]
+        block = torch.as_tensor(np.asarray(block) if not isinstance(block, torch.Tensor) else block)
+        scores = q @ block.to(torch.float32).T
+        state.push(scores, part[start : start + block_size])
+        if progress is not None:
+            progress(min(n, start + block_size))
