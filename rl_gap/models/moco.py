@@ -206,10 +206,10 @@ def momentum_update(online: nn.Module, target: nn.Module, momentum: float) -> No
     """
     online_params = list(online.parameters())
     target_params = list(target.parameters())
-    if len(online_params) != len(target_params):
+    if [p.shape for p in online_params] != [p.shape for p in target_params]:
         raise ValueError(
-            f"online and momentum encoders differ: {len(online_params)} vs "
-            f"{len(target_params)} parameters"
+            f"online and momentum encoders differ in parameter shapes: "
+            f"{len(online_params)} vs {len(target_params)} parameters"
         )
     if momentum == 1.0:
         return

@@ -179,12 +179,15 @@ class MoCoV3Module(RankingModule):
         if self.loss_scale == "auto" and not isinstance(self.loss_fn, get_loss_class("infonce")):
             return 1.0
         logit_scale = getattr(self.loss_fn, "logit_scale", None)
-        if logit_scale is None:
+        if callable(logit_scale):  # InfoNCE: τ = 1 / scale (also when learnable)
+            return 2.0 / float(torch.as_tensor(logit_scale()).detach())
+        temperature = getattr(self.loss_fn, "temperature", None)
+        if temperature is None:
             raise ValueError(
-                f"loss_scale='2tau' needs a temperature-scaled loss; "
+                f"loss_scale='2tau' needs a loss with a temperature; "
                 f"{type(self.loss_fn).__name__} has none"
             )
-        return 2.0 / float(torch.as_tensor(logit_scale()).detach())
+        return 2.0 * float(temperature)
 
     def pair_similarity(
         self, queries: torch.Tensor, keys: torch.Tensor
