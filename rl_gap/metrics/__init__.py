@@ -1,0 +1,21 @@
+"""Exact retrieval metrics: ``functional`` (pure tensor maths, the blocked
+engine) and torchmetrics classes that accumulate embeddings across batches and
+DDP ranks."""
+
+from rl_gap.metrics.retrieval import (
+    GlobalAP,
+    MeanAP,
+    RecallAtK,
+    RecallAtPrecision,
+    RetrievalMetrics,
+    ThresholdProtocol,
+)
+
+__all__ = [
+    "GlobalAP",
+    "MeanAP",
+    "RecallAtK",
+    "RecallAtPrecision",
+    "RetrievalMetrics",
+    "ThresholdProtocol",
+]
