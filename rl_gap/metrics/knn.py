@@ -177,4 +177,7 @@ class WeightedKNNAccuracy(Metric):
             queries, bank, bank_labels, num_classes, k=self.k, temperature=self.temperature
         )
         accuracy = topk_accuracy(votes, query_labels, self.top_k)
-        return {name: torch.tensor(value, device=votes.device) for name, value in accuracy.items()}
+        return {
+            name: torch.tensor(value, dtype=torch.float64, device=votes.device)
+            for name, value in accuracy.items()
+        }

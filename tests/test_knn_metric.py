@@ -1,0 +1,83 @@
+"""Weighted kNN classifier against a brute-force float64 reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl_gap.metrics.knn import WeightedKNNAccuracy, weighted_knn_accuracy
+
+
+def brute_force_knn(queries, bank, bank_labels, k, temperature, num_classes):
+    """Plain loops in float64: cosine, k nearest, exp(s/T) votes, argmax (lowest class on ties)."""
+    predictions, ranked = [], []
+    for q in queries.tolist():
+        qn = math.sqrt(sum(v * v for v in q))
+        sims = []
+        for j, b in enumerate(bank.tolist()):
+            bn = math.sqrt(sum(v * v for v in b))
+            sims.append((sum(x * y for x, y in zip(q, b)) / (qn * bn), j))
+        sims.sort(key=lambda t: -t[0])
+        votes = [0.0] * num_classes
+        for s, j in sims[:k]:
+            votes[int(bank_labels[j])] += math.exp(s / temperature)
+        order = sorted(range(num_classes), key=lambda c: (-votes[c], c))
+        predictions.append(order[0])
+        ranked.append(order)
+    return predictions, ranked
+
+
+@pytest.mark.parametrize("k,temperature", [(20, 0.07), (5, 0.5), (1, 0.07)])
+def test_weighted_knn_matches_brute_force(k, temperature):
+    g = torch.Generator().manual_seed(k)
+    num_classes = 6
+    centers = torch.randn(num_classes, 8, generator=g)
+    bank_labels = torch.randint(0, num_classes, (120,), generator=g)
+    bank = centers[bank_labels] + 1.2 * torch.randn(120, 8, generator=g)
+    query_labels = torch.randint(0, num_classes, (50,), generator=g)
+    queries = centers[query_labels] + 1.2 * torch.randn(50, 8, generator=g)
+
+    preds, ranked = brute_force_knn(
+        queries.double(), bank.double(), bank_labels, k, temperature, num_classes
+    )
+    top1 = sum(p == int(y) for p, y in zip(preds, query_labels)) / 50
+    top5 = sum(int(y) in r[:5] for r, y in zip(ranked, query_labels)) / 50
+    assert 0.2 < top1 < 1.0  # a non-trivial case
+
+    metric = WeightedKNNAccuracy(k=k, temperature=temperature, num_classes=num_classes)
+    for i, start in enumerate(range(0, 120, 32)):  # several updates, interleaved
+        metric.update(bank[start : start + 32], bank_labels[start : start + 32], bank=True)
+        metric.update(queries[11 * i : 11 * i + 11], query_labels[11 * i : 11 * i + 11])
+    metric.update(queries[44:], query_labels[44:])
+    out = metric.compute()
+    assert out["top1"].item() == pytest.approx(top1, abs=1e-12)
+    assert out["top5"].item() == pytest.approx(top5, abs=1e-12)
+
+    functional = weighted_knn_accuracy(queries, query_labels, bank, bank_labels, k, temperature)
+    assert functional["top1"] == pytest.approx(top1, abs=1e-12)
+
+
+def test_knn_class_vote_tie_goes_to_lowest_class_and_k_clamps():
+    bank = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    out = weighted_knn_accuracy(
+        torch.tensor([[1.0, 0.0]]), torch.tensor([3]), bank, torch.tensor([5, 3]), k=50
+    )
+    assert out["top1"] == 1.0  # equal votes for 3 and 5: class 3 wins
+
+
+def test_knn_bad_inputs():
+    metric = WeightedKNNAccuracy()
+    with pytest.raises(ValueError, match="2-D"):
+        metric.update(torch.randn(4), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="NaN"):
+        metric.update(torch.full((2, 3), float("nan")), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer"):
+        metric.update(torch.randn(2, 3), torch.zeros(2))
+    with pytest.raises(ValueError, match="one entry per"):
+        metric.update(torch.randn(2, 3), torch.zeros(3, dtype=torch.long), bank=True)
+    with pytest.raises(ValueError, match="empty"):
+        metric.update(torch.randn(0, 3), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs both"):
+        metric.compute()
