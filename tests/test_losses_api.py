@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import warnings
 
@@ -99,6 +100,21 @@ def test_bad_impl_and_chunk_size():
         build_loss("gsap", chunk_size=0)
     with pytest.raises(ValueError, match="chunk_size"):
         build_loss("msap", chunk_size=-2)
+
+
+def test_load_fast_kernel_is_lazy_and_optional(monkeypatch):
+    kernel = gsap_module.load_fast_kernel()
+    has_module = importlib.util.find_spec(gsap_module.FAST_MODULE) is not None
+    assert (kernel is not None) == has_module and (kernel is None or callable(kernel))
+    monkeypatch.setattr(gsap_module, "FAST_MODULE", "rl_gap.losses.no_such_kernel")
+    assert gsap_module.load_fast_kernel() is None
+
+    def broken_import(name):  # the kernel module exists but one of *its* imports fails
+        raise ModuleNotFoundError("No module named 'some_dependency'", name="some_dependency")
+
+    monkeypatch.setattr(gsap_module.importlib, "import_module", broken_import)
+    with pytest.raises(ModuleNotFoundError, match="some_dependency"):
+        gsap_module.load_fast_kernel()
 
 
 def test_fast_impl_without_kernel(monkeypatch):

@@ -8,6 +8,7 @@ makes similarities comparable across queries.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,7 @@ from rl_gap.losses.registry import register_loss
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
 IMPLS = ("auto", "exact", "fast")
+FAST_MODULE = "rl_gap.losses.fast_rank"
 
 # ``impl="auto"`` switches to the sub-quadratic kernel once P × M (positives ×
 # ranked pairs) reaches this many comparisons; below it the exact sweep is
@@ -39,9 +41,9 @@ def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
     *inside* fast_rank is re-raised rather than silently hidden.
     """
     try:
-        from rl_gap.losses import fast_rank
+        fast_rank = importlib.import_module(FAST_MODULE)
     except ModuleNotFoundError as err:
-        if err.name in ("rl_gap.losses.fast_rank",):
+        if err.name == FAST_MODULE:
             return None
         raise
     return getattr(fast_rank, "smoothed_ap_fast", None)
@@ -61,7 +63,7 @@ class GlobalSmoothAPLoss(nn.Module):
             kernel in ``rl_gap.losses.fast_rank``) or ``"auto"`` (fast when it
             is importable and P × M ≥ ``FAST_MIN_COMPARISONS``).
         chunk_size: positives per chunk of the exact sweep (peak extra memory
-            ~3 · chunk_size · M elements); None = automatic (~2^24-element blocks).
+            one chunk_size × M block); None = automatic (~2^24-element blocks).
         tolerance: accuracy target passed to the fast kernel.
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss (float32 for
