@@ -1,0 +1,314 @@
+"""open_clip image–text encoders: build by name or config, load local weights, encode.
+
+The gSAP paper's cross-modal protocol (§4, §C.1) fine-tunes a pretrained
+OpenCLIP ViT-B/32 and swaps only the loss. This module wraps an open_clip
+model so the training module sees two L2-normalised towers and nothing else:
+the learnable logit scale / bias belong to the *loss* (DESIGN.md §3), so the
+open_clip model's own ``logit_scale`` is frozen and only read once, to start
+InfoNCE's learnable scale from the pretrained value.
+
+Everything works offline: the architecture comes from open_clip's bundled
+configs (``ViT-B-32``) or a config dict / JSON file, weights only from a local
+checkpoint file, and the tokenizer is open_clip's ``SimpleTokenizer`` (its BPE
+vocabulary ships with the package) unless the config names an HF tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+import open_clip
+import torch
+import torch.nn.functional as F
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+from torch import nn
+
+Tokenizer = Callable[..., torch.Tensor]
+
+# Lightning checkpoints of CLIPFineTuneModule store the open_clip model under
+# this attribute name; loading strips it so a fine-tuned run can seed another.
+MODULE_PREFIXES = ("module.", "clip.model.", "model.")
+
+
+def resolve_model_config(
+    model_name: str | None = None, model_config: Mapping[str, Any] | str | os.PathLike | None = None
+) -> dict[str, Any]:
+    """The open_clip architecture config as a dict.
+
+    Args:
+        model_name: a bundled open_clip config name (``"ViT-B-32"``, ``"RN50"``, ...).
+        model_config: a config dict (``embed_dim``, ``vision_cfg``, ``text_cfg``)
+            or the path of a JSON file holding one (open_clip's own format, or
+            an ``open_clip_config.json`` with a ``model_cfg`` key). Takes
+            precedence over ``model_name``.
+
+    Raises:
+        ValueError: neither given, unknown name, or a config missing keys.
+        FileNotFoundError: a config path that does not exist.
+    """
+    if model_config is not None:
+        if isinstance(model_config, str | os.PathLike):
+            path = Path(model_config)
+            if not path.is_file():
+                raise FileNotFoundError(f"open_clip model config JSON not found: {path}")
+            with open(path, encoding="utf-8") as f:
+                model_config = json.load(f)
+        config = deepcopy(dict(model_config))
+        config = dict(config.get("model_cfg", config))
+    elif model_name is not None:
+        config = open_clip.get_model_config(model_name)
+        if config is None:
+            raise ValueError(
+                f"unknown open_clip model {model_name!r}; bundled configs: "
+                f"{', '.join(open_clip.list_models())}"
+            )
+    else:
+        raise ValueError("give an open_clip model_name (e.g. 'ViT-B-32') or a model_config")
+    missing = [k for k in ("embed_dim", "vision_cfg", "text_cfg") if k not in config]
+    if missing:
+        raise ValueError(
+            f"open_clip model config lacks key(s) {missing}; got keys {sorted(config)}"
+        )
+    return config
+
+
+def build_tokenizer(config: Mapping[str, Any]) -> Tokenizer:
+    """open_clip's tokenizer for an architecture config (offline unless it names an HF one)."""
+    text_cfg = dict(config["text_cfg"])
+    context_length = int(text_cfg.get("context_length", 77))
+    hf_name = text_cfg.get("hf_tokenizer_name")
+    if hf_name:
+        return open_clip.tokenizer.HFTokenizer(hf_name, context_length=context_length)
+    tokenizer = open_clip.tokenizer.SimpleTokenizer(context_length=context_length)
+    vocab_size = int(text_cfg.get("vocab_size", 49408))
+    if vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"text_cfg.vocab_size={vocab_size} is smaller than the SimpleTokenizer's "
+            f"{tokenizer.vocab_size} tokens; set vocab_size to {tokenizer.vocab_size}"
+        )
+    return tokenizer
+
+
+def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a checkpoint file into an open_clip-keyed state dict.
+
+    Accepts a plain state dict, ``{"state_dict": ...}`` (open_clip training
+    checkpoints and Lightning checkpoints of ``CLIPFineTuneModule``),
+    ``.safetensors`` and OpenAI's TorchScript releases (``ViT-B-32.pt``). Prefixes ``module.`` (DDP) and ``clip.model.`` (this
+    project's module) are stripped; other top-level entries (a loss's
+    ``loss_fn.*`` parameters) are dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"CLIP checkpoint not found: {path} (expected a local .pt/.bin/.ckpt/.safetensors "
+            "file with an open_clip state dict; weights are never downloaded)"
+        )
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path), device="cpu")
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except RuntimeError as err:
+            # OpenAI's released CLIP files are TorchScript archives.
+            try:
+                state = torch.jit.load(str(path), map_location="cpu").state_dict()
+            except RuntimeError:
+                raise ValueError(
+                    f"cannot read {path} as a state dict or TorchScript: {err}"
+                ) from err
+            for key in ("input_resolution", "context_length", "vocab_size"):
+                state.pop(key, None)
+    if isinstance(state, Mapping) and "state_dict" in state:
+        state = state["state_dict"]
+    if not isinstance(state, Mapping) or not state:
+        raise ValueError(f"{path} holds no state dict (got {type(state).__name__})")
+    for prefix in MODULE_PREFIXES:
+        if any(k.startswith(prefix) for k in state):
+            state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    return dict(state)
+
+
+def load_clip_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load a local checkpoint into an open_clip model (strict; pos-embeds resized).
+
+    Raises:
+        FileNotFoundError: missing file.
+        ValueError: keys that do not match the architecture, listed.
+    """
+    state = load_state_dict_file(path)
+    state = open_clip.convert.convert_state_dict(model, state)
+    for name in ("logit_scale", "logit_bias"):
+        target = getattr(model, name, None)
+        if name in state and target is not None and state[name].ndim != target.ndim:
+            state[name] = state[name].reshape(target.shape)
+    if "logit_bias" not in state and getattr(model, "logit_bias", None) is not None:
+        state["logit_bias"] = torch.zeros_like(model.logit_bias)
+    open_clip.model.resize_pos_embed(state, model)
+    open_clip.model.resize_text_pos_embed(state, model)
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint {path} does not match the model architecture: "
+            f"missing {result.missing_keys[:8]}{'...' if len(result.missing_keys) > 8 else ''}, "
+            f"unexpected {result.unexpected_keys[:8]}"
+            f"{'...' if len(result.unexpected_keys) > 8 else ''}"
+        )
+
+
+def _image_size(config: Mapping[str, Any]) -> int:
+    size = config["vision_cfg"].get("image_size", 224)
+    if isinstance(size, Sequence):
+        if len(set(size)) != 1:
+            raise ValueError(f"only square images are supported, got image_size={size}")
+        size = size[0]
+    return int(size)
+
+
+class CLIPEncoder(nn.Module):
+    """An open_clip model seen as two normalised towers.
+
+    Args:
+        model_name: bundled open_clip architecture (``"ViT-B-32"``), or None
+            when ``model_config`` is given.
+        model_config: architecture dict or JSON path (see ``resolve_model_config``).
+        pretrained: local checkpoint path, or None for random initialisation.
+        grad_checkpointing: activation checkpointing in both towers.
+
+    Attributes:
+        model: the open_clip ``CLIP`` / ``CustomTextCLIP``.
+        tokenizer: callable ``list[str] -> LongTensor (N, context_length)``.
+        image_size, mean, std: the preprocessing the towers expect.
+        pretrained_logit_scale: the loaded checkpoint's ``logit_scale`` (log of
+            1/τ, as open_clip stores it), or None without a checkpoint.
+    """
+
+    def __init__(
+        self,
+        model_name: str | None = "ViT-B-32",
+        model_config: Mapping[str, Any] | str | None = None,
+        pretrained: str | None = None,
+        grad_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        config = resolve_model_config(model_name, model_config)
+        self.config = deepcopy(config)
+        self.tokenizer = build_tokenizer(config)
+        custom_text = (
+            bool(config.pop("custom_text", False)) or "hf_model_name" in config["text_cfg"]
+        )
+        model_cls = open_clip.model.CustomTextCLIP if custom_text else open_clip.model.CLIP
+        if "hf_model_name" in config["text_cfg"]:
+            config["text_cfg"]["hf_model_pretrained"] = False  # never download tower weights
+        if "timm_model_name" in config["vision_cfg"]:
+            config["vision_cfg"]["timm_model_pretrained"] = False
+        config.pop("preprocess_cfg", None)
+        self.model = model_cls(**config)
+        self.pretrained_logit_scale: float | None = None
+        if pretrained:
+            load_clip_weights(self.model, pretrained)
+            self.pretrained_logit_scale = float(self.model.logit_scale.detach().reshape(-1)[0])
+        # The loss owns the scale (and bias); the model's copies stay as loaded.
+        self.model.logit_scale.requires_grad_(False)
+        if getattr(self.model, "logit_bias", None) is not None:
+            self.model.logit_bias.requires_grad_(False)
+        if grad_checkpointing:
+            self.model.set_grad_checkpointing(True)
+        self.image_size = _image_size(config)
+        preprocess = self.config.get("preprocess_cfg", {})
+        self.mean = tuple(preprocess.get("mean", OPENAI_DATASET_MEAN))
+        self.std = tuple(preprocess.get("std", OPENAI_DATASET_STD))
+
+    def lock_image_tower(self, unlocked_groups: int = 0) -> None:
+        """Freeze the image tower except its last ``unlocked_groups`` layer groups (LiT)."""
+        self.model.lock_image_tower(unlocked_groups=unlocked_groups)
+
+    def lock_text_tower(self, unlocked_layers: int = 0) -> None:
+        """Freeze the text tower except its last ``unlocked_layers`` layers."""
+        self.model.lock_text_tower(unlocked_layers=unlocked_layers)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) float -> (B, E) unit-norm image embeddings."""
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
+        return F.normalize(self.model.encode_image(images), dim=-1)
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) int64 tokens -> (B, E) unit-norm text embeddings."""
+        if tokens.dim() != 2 or tokens.dtype != torch.long:
+            raise ValueError(
+                f"tokens must be an int64 (B, L) tensor, got {tokens.dtype} {tuple(tokens.shape)}"
+            )
+        return F.normalize(self.model.encode_text(tokens), dim=-1)
+
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        """Captions -> (N, context_length) int64 tokens."""
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.tokenizer(list(texts))
+
+    @torch.no_grad()
+    def class_embeddings(
+        self,
+        classnames: Sequence[str],
+        templates: Sequence[str | Callable[[str], str]],
+        batch_size: int = 256,
+    ) -> torch.Tensor:
+        """Zero-shot classifier weights (C, E): per class, the normalised mean of
+        its normalised prompt embeddings (CLIP, Radford et al. 2021, §3.1.4)."""
+        if not classnames or not templates:
+            raise ValueError("zero-shot classification needs ≥1 class name and ≥1 template")
+        prompts = [fill_template(t, c) for c in classnames for t in templates]
+        device = next(self.model.parameters()).device
+        chunks = []
+        for start in range(0, len(prompts), batch_size):
+            tokens = self.tokenize(prompts[start : start + batch_size]).to(device)
+            chunks.append(self.encode_text(tokens).float())
+        per_prompt = torch.cat(chunks).view(len(classnames), len(templates), -1)
+        return F.normalize(per_prompt.mean(dim=1), dim=-1)
+
+
+def fill_template(template: str | Callable[[str], str], classname: str) -> str:
+    """A prompt from a template: a ``"{}"`` / ``"{c}"`` string or a callable."""
+    if callable(template):
+        return template(classname)
+    if "{c}" in template:
+        return template.replace("{c}", classname)
+    if "{}" not in template:
+        raise ValueError(f"prompt template {template!r} has no '{{}}' placeholder")
+    return template.replace("{}", classname)
+
+
+def tiny_clip_config(
+    image_size: int = 32,
+    patch_size: int = 8,
+    embed_dim: int = 64,
+    width: int = 64,
+    layers: int = 2,
+    context_length: int = 24,
+) -> dict[str, Any]:
+    """A small ViT/transformer open_clip config for CPU tests and the glyph demo."""
+    return {
+        "embed_dim": embed_dim,
+        "vision_cfg": {
+            "image_size": image_size,
+            "layers": layers,
+            "width": width,
+            "head_width": 32,
+            "patch_size": patch_size,
+        },
+        "text_cfg": {
+            "context_length": context_length,
+            "vocab_size": 49408,
+            "width": width,
+            "heads": max(1, width // 32),
+            "layers": layers,
+        },
+    }

@@ -1,0 +1,308 @@
+"""CLIP fine-tuning with any registry loss (gSAP paper §4, §B.1, §C.1).
+
+The paper fine-tunes a pretrained OpenCLIP ViT-B/32 on CC12M for 5 epochs and
+swaps only the loss. Here the global batch's image–text similarity matrix
+(all ranks gathered, with gradients) goes to the loss with ``rel[i, j] =
+group[i] == group[j]``: the same sample, or the same caption group when an
+image has several captions (or a caption several images). Evaluation reports
+zero-shot retrieval in both directions (gAP, mAP, R@1/5/10 through the metric
+engine, caption groups as relevance) and zero-shot classification accuracy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from rl_gap.data.image_text import RETRIEVAL_IMAGES, RETRIEVAL_TEXTS, ZERO_SHOT
+from rl_gap.losses import dist
+from rl_gap.metrics.functional import evaluate_embeddings
+from rl_gap.metrics.zero_shot import zero_shot_accuracy
+from rl_gap.models.clip import CLIPEncoder
+from rl_gap.modules.base import RankingModule
+
+RECALL_KS = (1, 5, 10)
+# The engine reports more (counts, thresholds, F1); these are the paper's columns.
+LOGGED_RETRIEVAL_KEYS = ("gap", "map", "r@1", "r@5", "r@10", "r@p90")
+
+
+def start_loss_scale_from(loss_fn: nn.Module, log_scale: float) -> bool:
+    """Set a loss's learnable log logit scale (InfoNCE's ``log_logit_scale``) in place.
+
+    Returns whether the loss had one. SigLIP's scale/bias and gSAP's fixed τ
+    are left alone: they are the loss's own (gSAP paper §C.1).
+    """
+    param = getattr(loss_fn, "log_logit_scale", None)
+    if not isinstance(param, nn.Parameter):
+        return False
+    with torch.no_grad():
+        param.fill_(float(log_scale))
+    return True
+
+
+def caption_group_relevance(image_groups: torch.Tensor, text_groups: torch.Tensor) -> torch.Tensor:
+    """(I,) and (T,) group ids -> (I, T) bool, True where image and caption share a group."""
+    return image_groups.view(-1, 1) == text_groups.view(1, -1)
+
+
+def dedupe_by_index(index: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Sort rows by dataset index and drop repeats (DDP samplers pad with duplicates)."""
+    order = torch.argsort(index, stable=True)
+    index = index[order]
+    keep = torch.ones_like(index, dtype=torch.bool)
+    keep[1:] = index[1:] != index[:-1]
+    return tuple(v[order][keep] for v in values)
+
+
+class CLIPFineTuneModule(RankingModule):
+    """Fine-tune an open_clip model with a registry ranking loss.
+
+    Args:
+        model_name: bundled open_clip architecture (``"ViT-B-32"``).
+        model_config: architecture dict / JSON path instead of a name.
+        pretrained: local checkpoint file (open_clip state dict, open_clip
+            training checkpoint, or a Lightning checkpoint of this module);
+            None = random init. Never downloads.
+        loss: flat loss section (``{name: gsap, temperature: 0.001,
+            neg_drop: 0.95}``); any registered loss works.
+        scale_from_pretrained: start a learnable InfoNCE logit scale from the
+            checkpoint's ``logit_scale`` (as CLIP fine-tuning continues it).
+        lock_image / lock_text: freeze a tower (LiT-style).
+        lock_image_unlocked_groups / lock_text_unlocked_layers: keep the last
+            groups / layers of a locked tower trainable.
+        grad_checkpointing: activation checkpointing in both towers.
+        optimizer, lr, weight_decay, betas, momentum, scheduler, warmup,
+        min_lr_ratio, lr_scales: see ``RankingModule``.
+
+    Mixed precision is Lightning's (``trainer.precision: bf16-mixed``); the
+    similarity matrix the loss ranks is always computed in float32, since
+    low-temperature gSAP (τ ≈ 1e-3) needs finer resolution than bf16's.
+    """
+
+    def __init__(
+        self,
+        model_name: str | None = "ViT-B-32",
+        model_config: dict[str, Any] | str | None = None,
+        pretrained: str | None = None,
+        loss: dict[str, Any] | None = None,
+        scale_from_pretrained: bool = True,
+        lock_image: bool = False,
+        lock_image_unlocked_groups: int = 0,
+        lock_text: bool = False,
+        lock_text_unlocked_layers: int = 0,
+        grad_checkpointing: bool = False,
+        optimizer: str = "adamw",
+        lr: float = 1e-5,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.98),
+        momentum: float = 0.9,
+        scheduler: str = "cosine",
+        warmup: float = 0.0,
+        min_lr_ratio: float = 0.0,
+        lr_scales: dict[str, float] | None = None,
+    ) -> None:
+        super().__init__(
+            loss=loss,
+            optimizer=optimizer,
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            momentum=momentum,
+            scheduler=scheduler,
+            warmup=warmup,
+            min_lr_ratio=min_lr_ratio,
+            lr_scales=lr_scales,
+        )
+        self.save_hyperparameters()
+        self.clip = CLIPEncoder(model_name, model_config, pretrained, grad_checkpointing)
+        if lock_image:
+            self.clip.lock_image_tower(lock_image_unlocked_groups)
+        if lock_text:
+            self.clip.lock_text_tower(lock_text_unlocked_layers)
+        self.loss_scale_from_pretrained = False
+        if scale_from_pretrained and self.clip.pretrained_logit_scale is not None:
+            self.loss_scale_from_pretrained = start_loss_scale_from(
+                self.loss_fn, self.clip.pretrained_logit_scale
+            )
+        self._eval_buffers: dict[int, dict[str, list[torch.Tensor]]] = {}
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, stage: str) -> None:
+        """Hand the model's tokenizer and preprocessing to a CLIP DataModule."""
+        trainer = self._trainer
+        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+        if datamodule is not None and hasattr(datamodule, "configure_for_model"):
+            datamodule.configure_for_model(
+                self.clip.tokenizer, self.clip.image_size, self.clip.mean, self.clip.std
+            )
+
+    # --------------------------------------------------------------- encoding
+    def tokens(self, text: torch.Tensor | list[str]) -> torch.Tensor:
+        """Batch captions as tokens on this device (tokenizing raw strings here)."""
+        if not isinstance(text, torch.Tensor):
+            text = self.clip.tokenize(text)
+        return text.to(self.device)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        return self.clip.encode_image(images)
+
+    def encode_text(self, text: torch.Tensor | list[str]) -> torch.Tensor:
+        return self.clip.encode_text(self.tokens(text))
+
+    def global_similarity(
+        self, batch: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(sim (B, B) float32, rel (B, B) bool, None) over the global batch."""
+        for key in ("image", "text", "group"):
+            if key not in batch:
+                raise ValueError(f"CLIP batches need 'image', 'text' and 'group'; missing {key!r}")
+        images = self.gather(self.encode_image(batch["image"]))
+        texts = self.gather(self.encode_text(batch["text"]))
+        groups = self.gather_labels(batch["group"].to(self.device))
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            sim = images.float() @ texts.float().T
+        rel = caption_group_relevance(groups, groups)
+        return sim, rel, None
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        sim, rel, valid = self.global_similarity(batch)
+        loss = self.loss_fn(sim, rel, valid)
+        n = sim.shape[0]
+        with torch.no_grad():
+            self.log("train/loss", loss, prog_bar=True, batch_size=n)
+            self.log("train/pos_sim", sim[rel].mean(), batch_size=n)
+            if not bool(rel.all()):
+                self.log("train/neg_sim", sim[~rel].mean(), batch_size=n)
+            self.log("train/global_batch", float(n), batch_size=n)
+        self.log_dict(self.loss_parameter_logs(), batch_size=n)
+        return loss
+
+    # ------------------------------------------------------------- evaluation
+    def _eval_loaders(self, stage: str) -> list[Any]:
+        loaders = self.trainer.test_dataloaders if stage == "test" else self.trainer.val_dataloaders
+        if loaders is None:
+            return []
+        return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
+
+    def _eval_step(self, batch: dict[str, Any], dataloader_idx: int) -> None:
+        buffer = self._eval_buffers.setdefault(dataloader_idx, defaultdict(list))
+        if "text" in batch and "image" not in batch:
+            emb, labels = self.encode_text(batch["text"]), batch["group"]
+        else:
+            emb = self.encode_image(batch["image"])
+            labels = batch["group"] if "group" in batch else batch["label"]
+        buffer["emb"].append(emb.detach().float())
+        buffer["label"].append(labels.to(self.device))
+        buffer["index"].append(batch["index"].to(self.device))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
+        self._eval_step(batch, dataloader_idx)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
+        self._eval_step(batch, dataloader_idx)
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_buffers = {}
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _collected(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings and labels of loader ``idx`` from every rank, in dataset order."""
+        buffer = self._eval_buffers[idx]
+        emb = dist.gather_no_grad(torch.cat(buffer["emb"]))
+        labels = dist.gather_no_grad(torch.cat(buffer["label"]))
+        index = dist.gather_no_grad(torch.cat(buffer["index"]))
+        return dedupe_by_index(index, emb, labels)
+
+    def evaluation_metrics(self, stage: str) -> dict[str, float]:
+        """Retrieval (i2t, t2i) and zero-shot metrics of every evaluation set."""
+        datasets = [loader.dataset for loader in self._eval_loaders(stage)]
+        retrieval: dict[str, dict[str, int]] = defaultdict(dict)
+        metrics: dict[str, float] = {}
+        for idx, dataset in enumerate(datasets):
+            role = getattr(dataset, "eval_role", None)
+            name = getattr(dataset, "eval_name", f"set{idx}")
+            if idx not in self._eval_buffers:
+                continue
+            if role in (RETRIEVAL_IMAGES, RETRIEVAL_TEXTS):
+                retrieval[name][role] = idx
+            elif role == ZERO_SHOT:
+                emb, labels = self._collected(idx)
+                classifier = self.clip.class_embeddings(dataset.classnames, dataset.templates)
+                scores = emb @ classifier.to(emb).T
+                for key, value in zero_shot_accuracy(scores, labels).items():
+                    metrics[f"{stage}/{name}/zs_{key}"] = value
+            else:
+                raise ValueError(
+                    f"evaluation dataset {idx} ({type(dataset).__name__}) has no eval_role; "
+                    f"expected one of {RETRIEVAL_IMAGES}, {RETRIEVAL_TEXTS}, {ZERO_SHOT}"
+                )
+        for name, roles in retrieval.items():
+            if set(roles) != {RETRIEVAL_IMAGES, RETRIEVAL_TEXTS}:
+                raise ValueError(f"retrieval set {name!r} needs both an image and a text loader")
+            images, image_groups = self._collected(roles[RETRIEVAL_IMAGES])
+            texts, text_groups = self._collected(roles[RETRIEVAL_TEXTS])
+            for direction, out in retrieval_metrics(
+                images, texts, image_groups, text_groups
+            ).items():
+                for key, value in out.items():
+                    metrics[f"{stage}/{name}/{direction}_{key}"] = value
+        return metrics
+
+    def _log_evaluation(self, stage: str) -> None:
+        if self.trainer.sanity_checking:
+            self._eval_buffers = {}
+            return
+        metrics = self.evaluation_metrics(stage)
+        # Every rank holds the same gathered data, hence the same values.
+        for key, value in metrics.items():
+            self.log(key, value, sync_dist=False, add_dataloader_idx=False)
+        self._eval_buffers = {}
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    # ---------------------------------------------------------------- export
+    def export_open_clip(self, path: str) -> None:
+        """Save the fine-tuned towers as a plain open_clip state dict.
+
+        A learnt InfoNCE scale is written into ``logit_scale`` so open_clip's
+        own zero-shot tools see the trained temperature.
+        """
+        state = {k: v.detach().cpu() for k, v in self.clip.model.state_dict().items()}
+        param = getattr(self.loss_fn, "log_logit_scale", None)
+        if isinstance(param, nn.Parameter):
+            state["logit_scale"] = param.detach().cpu().reshape(state["logit_scale"].shape)
+        torch.save(state, path)
+
+
+def retrieval_metrics(
+    images: torch.Tensor,
+    texts: torch.Tensor,
+    image_groups: torch.Tensor,
+    text_groups: torch.Tensor,
+) -> dict[str, dict[str, float]]:
+    """Image→text and text→image metrics with caption groups as relevance.
+
+    Args:
+        images: (I, E) unit-norm image embeddings; ``image_groups`` (I,).
+        texts: (T, E) unit-norm caption embeddings; ``text_groups`` (T,).
+
+    Returns:
+        ``{"i2t": {...}, "t2i": {...}}``, each with ``LOGGED_RETRIEVAL_KEYS``
+        (gAP, mAP, R@1/5/10, R@P90) from the metric engine.
+    """
+    out = {}
+    for direction, (q, d, ql, dl) in {
+        "i2t": (images, texts, image_groups, text_groups),
+        "t2i": (texts, images, text_groups, image_groups),
+    }.items():
+        result = evaluate_embeddings(q, d, ql, dl, ks=RECALL_KS, ceiling=False)
+        out[direction] = {k: float(result[k]) for k in LOGGED_RETRIEVAL_KEYS if k in result}
+    return out
