@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rl_gap.metrics.tail_hardness import TailConfig, TailFit, estimate_hardness, sample_counts
+from rl_gap.metrics.tail_hardness import (
+    DEFAULT_CONFIG,
+    TailConfig,
+    TailFit,
+    estimate_hardness,
+    sample_counts,
+)
 from rl_gap.metrics.tail_rank import (
     RANK_LAWS,
     ap_at_k_from_counts,
@@ -179,7 +185,7 @@ class TailPredictor:
         pos_scores: torch.Tensor,
         state: NestedTopK,
         k: int,
-        config: TailConfig = TailConfig(),
+        config: TailConfig = DEFAULT_CONFIG,
         seed: int = 0,
     ) -> None:
         check_positive_scores(pos_scores, state.n_queries)
@@ -198,12 +204,6 @@ class TailPredictor:
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | None]
         ] = {}
-        if self.sample_size < config.n_top:
-            warnings.warn(
-                f"distractor sample ({self.sample_size}) is smaller than the EVT's top "
-                f"{config.n_top}; using all sampled scores",
-                stacklevel=2,
-            )
 
     @property
     def n_excluded(self) -> int:
@@ -275,6 +275,12 @@ class TailPredictor:
             budget: add the sufficient-budget diagnostic (S/4, S/2, S).
         """
         _check_common(gallery_size, self.sample_size, self.k, estimator, rank_law)
+        if estimator == "evt" and self.sample_size < self.config.n_top:
+            warnings.warn(
+                f"distractor sample ({self.sample_size}) is smaller than the EVT's top "
+                f"{self.config.n_top}; using all sampled scores",
+                stacklevel=3,
+            )
         per_query = self.per_query(estimator, gallery_size, rank_law)
         valid_q = per_query[self.query_ok]
         if valid_q.numel() == 0:
@@ -436,7 +442,7 @@ def predict_map(
     confidence: float = 0.95,
     nested_boot: int = 0,
     budget: bool = False,
-    config: TailConfig = TailConfig(),
+    config: TailConfig = DEFAULT_CONFIG,
     seed: int = 0,
 ) -> TailEstimate:
     """Predict mAP@k at gallery size N from a distractor sample (DESIGN §3).

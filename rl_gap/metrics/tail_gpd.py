@@ -82,7 +82,7 @@ def fit_gpd(
     xi_min: float = -1.0,
     min_excesses: float = 10.0,
     grid_size: int = 40,
-    refine_steps: int = 40,
+    refine_steps: int = 30,
 ) -> GPDFit:
     """Maximum-likelihood GPD fit with ξ ∈ [xi_min, 0], one fit per row.
 

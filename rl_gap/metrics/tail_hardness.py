@@ -46,6 +46,9 @@ class TailConfig:
     xi_min: float = -1.0
 
 
+DEFAULT_CONFIG = TailConfig()
+
+
 @dataclass
 class TailFit:
     """Per-query EVT tail (all (Q,) tensors).
@@ -107,7 +110,7 @@ def fit_tail(
     top: torch.Tensor,
     n_sample: int,
     weight: torch.Tensor | None = None,
-    config: TailConfig = TailConfig(),
+    config: TailConfig = DEFAULT_CONFIG,
 ) -> TailFit:
     """Per-query threshold, exceedance rate and GPD fit from the kept top scores.
 
@@ -162,7 +165,7 @@ def estimate_hardness(
     top: torch.Tensor,
     n_sample: int,
     weight: torch.Tensor | None = None,
-    config: TailConfig = TailConfig(),
+    config: TailConfig = DEFAULT_CONFIG,
 ) -> tuple[torch.Tensor, torch.Tensor, TailFit | None]:
     """Hardness x (Q, m) for ``count`` or ``evt``, with the sample counts and the tail fit.
 

@@ -121,7 +121,7 @@ def expected_ap_at_k(
         vs = valid[start : start + rows].unsqueeze(-1)
         if law == "binomial":
             log_pmf = (
-                torch.lgamma(torch.tensor(n + 1.0))
+                torch.lgamma(torch.tensor(n + 1.0, dtype=torch.float64))
                 - log_fact_k
                 - torch.lgamma((n - kk).clamp_min(0.0) + 1.0)
                 + torch.xlogy(kk, xs)

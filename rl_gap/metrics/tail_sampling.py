@@ -164,6 +164,7 @@ class NestedTopK:
 
     def level(self, index: int) -> tuple[torch.Tensor, int]:
         """Top-T (Q, T) float64, sorted descending, and size of nested level ``index``."""
+        index = index % len(self.fractions)
         parts = self.top[: index + 1]
         merged = parts.permute(1, 0, 2).reshape(self.n_queries, -1)
         top = torch.topk(merged, min(self.capacity, merged.shape[1]), dim=1).values
