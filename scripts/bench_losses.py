@@ -1,0 +1,260 @@
+"""Forward+backward time and peak memory of every loss on a metric-learning batch.
+
+Setup per configuration: B embeddings (d = 128, 4 per class, unit norm,
+``requires_grad``); the timed region computes ``sim = emb @ emb.T``, the loss
+with the diagonal invalid, and ``backward()``. Time is the median of
+``--reps`` runs after one warmup run; when the warmup alone exceeds
+``--max-seconds`` it is the single measurement (``reps`` column shows 0).
+
+Peak memory of the first full-size run (the warmup), inputs excluded, after
+the libraries were initialised on a tiny batch:
+- CUDA: ``torch.cuda.max_memory_allocated()`` minus the allocation before
+  the run, after ``reset_peak_memory_stats``.
+- CPU: every configuration runs in a fresh subprocess; the kernel's peak-RSS
+  counter (VmHWM) is reset to the current RSS via ``/proc/self/clear_refs``
+  right before the run, and the figure is VmHWM minus that RSS: the largest
+  extra resident memory of one forward+backward (falls back to ``ru_maxrss``
+  if the reset is unavailable). Measured on the first run because a later
+  run may reuse memory the allocator kept, which RSS would not show again.
+
+Examples:
+    python scripts/bench_losses.py                                  # B 256..2048
+    python scripts/bench_losses.py --batch-sizes 512 1024 2048 4096 \\
+        --temperatures 1e-4 1e-3 1e-2 1e-1 --losses gsap msap infonce --impls exact fast
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+DIM = 128
+PER_CLASS = 4
+
+
+def loss_kwargs(loss: str, impl: str | None, temperature: float | None, neg_drop: float) -> dict:
+    kwargs: dict = {}
+    if temperature is not None:
+        kwargs["temperature"] = temperature
+    if loss == "gsap":
+        kwargs["impl"] = impl
+    if loss in ("gsap", "msap") and neg_drop:
+        kwargs["neg_drop"] = neg_drop
+    return kwargs
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_bytes(reset_ok: bool) -> int:
+    if reset_ok:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure(config: dict) -> dict:
+    """Run one configuration in this process; return time and peak-memory figures."""
+    from rl_gap.losses import build_loss
+
+    device = torch.device(config["device"])
+    loss_fn = build_loss(config["loss"], **config["kwargs"]).to(device)
+
+    def make_batch(batch: int):
+        gen = torch.Generator().manual_seed(0)
+        emb = torch.nn.functional.normalize(torch.randn(batch, DIM, generator=gen), dim=1)
+        labels = torch.arange(batch, device=device) // PER_CLASS
+        rel = labels.unsqueeze(1) == labels.unsqueeze(0)
+        valid = ~torch.eye(batch, dtype=torch.bool, device=device)
+        return emb.to(device).requires_grad_(True), rel, valid
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def run_once(emb, rel, valid) -> float:
+        emb.grad = None
+        sync()
+        start = time.perf_counter()
+        sim = emb @ emb.T
+        loss = loss_fn(sim, rel, valid)
+        loss.backward()
+        sync()
+        return time.perf_counter() - start
+
+    # One-time library initialisation (thread pools, kernels, autograd engine)
+    # on a tiny batch, so the memory figure is the loss's, not the runtime's.
+    run_once(*make_batch(2 * PER_CLASS))
+    inputs = make_batch(config["batch"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    else:
+        base = _rss_bytes()
+        reset_ok = _reset_peak_rss()
+    # Memory is the peak of this first full-size run: later runs could reuse
+    # memory the allocator kept, which RSS would not show again.
+    warm = run_once(*inputs)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = _peak_rss_bytes(reset_ok) - base
+    times = []
+    if warm <= config["max_seconds"]:
+        times = [run_once(*inputs) for _ in range(config["reps"])]
+    return {
+        "seconds": statistics.median(times) if times else warm,
+        "reps": len(times),
+        "peak_mib": peak / 2**20,
+    }
+
+
+def run_in_subprocess(config: dict) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fast_available() -> bool:
+    from rl_gap.losses.gsap import load_fast_kernel
+
+    return load_fast_kernel() is not None
+
+
+def build_configs(args: argparse.Namespace) -> list[dict]:
+    impls = [i for i in args.impls if i != "fast" or fast_available()]
+    skipped = sorted(set(args.impls) - set(impls))
+    if skipped:
+        print(f"# skipping gsap impl(s) {skipped}: rl_gap.losses.fast_rank is not importable")
+    configs = []
+    for batch in args.batch_sizes:
+        for loss in args.losses:
+            temps = [None] if loss == "siglip" else args.temperatures
+            for temperature in temps:
+                for impl in impls if loss == "gsap" else [None]:
+                    configs.append(
+                        {
+                            "loss": loss,
+                            "label": f"{loss}-{impl}" if impl else loss,
+                            "impl": impl,
+                            "temperature": temperature,
+                            "batch": batch,
+                            "device": args.device,
+                            "reps": args.reps,
+                            "max_seconds": args.max_seconds,
+                            "kwargs": loss_kwargs(loss, impl, temperature, args.neg_drop),
+                        }
+                    )
+    return configs
+
+
+def format_table(rows: list[dict]) -> str:
+    reference = {}
+    for row in rows:
+        if row["loss"] == "infonce" and "seconds" in row:
+            reference.setdefault(row["batch"], row)
+            if row["temperature"] is not None:
+                reference[(row["batch"], row["temperature"])] = row
+    header = (
+        f"{'loss':<12} {'tau':>7} {'B':>5} {'time_s':>9} {'x_infonce':>9} "
+        f"{'peak_MiB':>9} {'x_infonce':>9} {'reps':>4}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        tau = "-" if row["temperature"] is None else f"{row['temperature']:g}"
+        if "error" in row:
+            lines.append(f"{row['label']:<12} {tau:>7} {row['batch']:>5}  ERROR {row['error']}")
+            continue
+        ref = reference.get((row["batch"], row["temperature"])) or reference.get(row["batch"])
+        t_ratio = f"{row['seconds'] / ref['seconds']:.1f}" if ref else "-"
+        m_ratio = (
+            f"{row['peak_mib'] / ref['peak_mib']:.1f}" if ref and ref["peak_mib"] > 0.5 else "-"
+        )
+        lines.append(
+            f"{row['label']:<12} {tau:>7} {row['batch']:>5} {row['seconds']:>9.3f} "
+            f"{t_ratio:>9} {row['peak_mib']:>9.1f} {m_ratio:>9} {row['reps']:>4}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.01])
+    parser.add_argument(
+        "--impls", nargs="+", default=["exact", "fast"], choices=["exact", "fast", "auto"]
+    )
+    parser.add_argument(
+        "--losses",
+        nargs="+",
+        default=["gsap", "msap", "infonce", "siglip"],
+        help="registered loss names to time",
+    )
+    parser.add_argument("--neg-drop", type=float, default=0.0, help="gsap/msap neg_drop")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--reps", type=int, default=3, help="timed runs after one warmup")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        help="if the warmup run takes longer, it is the only measurement",
+    )
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(measure(json.loads(args.worker))))
+        return 0
+    from rl_gap.losses import available_losses
+
+    unknown = sorted(set(args.losses) - set(available_losses()))
+    if unknown:
+        raise SystemExit(f"unknown loss(es) {unknown}; known: {available_losses()}")
+    print(f"# device={args.device} threads={torch.get_num_threads()} d={DIM} {PER_CLASS}/class")
+    rows = []
+    for config in build_configs(args):
+        result = run_in_subprocess(config) if args.device == "cpu" else measure(config)
+        row = {**config, **result}
+        rows.append(row)
+        status = result.get("error") or f"{result['seconds']:.3f}s {result['peak_mib']:.1f}MiB"
+        print(f"# {row['label']} tau={row['temperature']} B={row['batch']}: {status}", flush=True)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
