@@ -161,8 +161,13 @@ class WeightedKNNAccuracy(Metric):
         getattr(self, f"{prefix}_features").append(feats)
         getattr(self, f"{prefix}_labels").append(labels.detach().long())
 
+    def is_empty(self, which: str = "query") -> bool:
+        """No ``which`` (``"bank"``/``"query"``) features yet (list or, once synced, tensor)."""
+        state = getattr(self, f"{which}_features")
+        return len(state) == 0 if isinstance(state, list) else state.numel() == 0
+
     def compute(self) -> dict[str, torch.Tensor]:
-        if not self.bank_features or not self.query_features:
+        if self.is_empty("bank") or self.is_empty("query"):
             raise ValueError(
                 "WeightedKNNAccuracy needs both bank and query features before compute()"
             )

@@ -291,7 +291,8 @@ class MoCoV3Module(RankingModule):
         self.knn.update(features, batch["label"], bank=dataloader_idx == 0)
 
     def on_validation_epoch_end(self) -> None:
-        if not self.knn.bank_features and not self.knn.query_features:
+        if self.knn.is_empty("bank") or self.knn.is_empty("query"):
+            self.knn.reset()
             return
         accuracy = self.knn.compute()
         self.log_dict({f"val/knn_{k}": v for k, v in accuracy.items()}, sync_dist=False)
@@ -308,5 +309,7 @@ class MoCoV3Module(RankingModule):
 
         n = min(self.retrieval_max_queries, features.shape[0])
         feats = F.normalize(features[:n], dim=1)
-        out = evaluate_embeddings(feats, feats, labels[:n], labels[:n], exclude_self=True)
-        return {f"val/{k}": float(v) for k, v in out.items() if k in ("gap", "map", "r@1")}
+        out = evaluate_embeddings(
+            feats, feats, labels[:n], labels[:n], exclude_self=True, ks=(1,), ceiling=False
+        )
+        return {f"val/{k}": float(v) for k, v in out.items() if k in ("gap", "map", "r@1", "r@p90")}
