@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +184,33 @@ def test_loss_from_config_swaps_and_catches_typos():
     with pytest.raises(ValueError, match="unknown loss"):
         loss_from_config({"name": "nope"})
     assert type(loss_from_config(None)).__name__ == "GlobalSmoothAPLoss"
+
+
+@pytest.mark.parametrize("name", ["infonce", "siglip"])
+def test_half_precision_inputs_compute_in_float32(name):
+    sim, rel, valid = small_batch()
+    reference = build_loss(name)(sim.double(), rel, valid)
+    for dtype in (torch.float16, torch.bfloat16):
+        leaf = sim.to(dtype).requires_grad_(True)
+        loss = build_loss(name)(leaf, rel, valid)
+        loss.backward()
+        assert loss.dtype == torch.float32 and leaf.grad.dtype == dtype
+        assert torch.isfinite(leaf.grad.float()).all()
+        tol = 2e-2 if dtype == torch.bfloat16 else 2e-3  # the inputs' own rounding
+        assert float(loss.detach()) == pytest.approx(float(reference.detach()), rel=tol)
+
+
+def test_bench_script_measures_every_loss():
+    """Smoke test of scripts/bench_losses.py in-process (no subprocess), tiny batch."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_losses.py"
+    spec = importlib.util.spec_from_file_location("bench_losses", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--batch-sizes", "16", "--impls", "exact", "--reps", "1"])
+    rows = []
+    for config in bench.build_configs(args):
+        rows.append({**config, **bench.measure(config)})
+    assert {r["label"] for r in rows} == {"gsap-exact", "msap", "infonce", "siglip"}
+    assert all(r["seconds"] > 0 and r["reps"] == 1 for r in rows)
+    table = bench.format_table(rows)
+    assert "gsap-exact" in table and "x_infonce" in table
