@@ -31,7 +31,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
     """Global batches of ``batch_size // m_per_class`` classes x ``m_per_class`` images.
 
     Each batch picks distinct classes without replacement, with probability
-    proportional to class size (so every image is drawn about equally often),
+    proportional to class size (so every image is drawn about equally often
+    when a batch holds few of the classes, as on SOP or iNaturalist),
     and takes the next ``m_per_class`` images from that class's shuffled queue
     (reshuffled when fewer than m remain). A class with fewer than m images
     repeats some of them to fill its m slots.
