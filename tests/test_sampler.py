@@ -67,7 +67,7 @@ def test_small_classes_are_filled_with_repeats():
     sampler = MPerClassBatchSampler(labels, batch_size=8, m_per_class=4, seed=0)
     for batch in sampler:
         _check_global_batch(batch, labels, 2, 4, distinct=False)
-        for c, n in Counter(labels[batch].tolist()).items():
+        for c in Counter(labels[batch].tolist()):
             members = set(batch) & set(torch.nonzero(labels == c).flatten().tolist())
             assert len(members) == min(4, int((labels == c).sum()))
 
