@@ -61,7 +61,7 @@ def brute_row_sap(sim, rel, valid, tau, alpha):
         pos = [bool(rel[q, d]) for d in cols]
         if not any(pos):
             continue
-        values = [float(sim[q, d]) for d in cols]
+        values = [float(sim[q, d].detach()) for d in cols]
         keep = brute_drop(list(enumerate(pos)), values, alpha)
         scores = torch.stack([sim[q, cols[i]] for i in keep])
         saps.append(brute_smoothed_ap(scores, [pos[i] for i in keep], tau))
