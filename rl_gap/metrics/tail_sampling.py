@@ -109,6 +109,19 @@ class NestedTopK:
         self.top = torch.full((len(fractions), n_queries, capacity), -torch.inf, dtype=dtype)
         self.seen = torch.zeros(len(fractions), dtype=torch.long)
 
+    @classmethod
+    def from_tensors(
+        cls, top: torch.Tensor, seen: torch.Tensor, fractions: tuple[float, ...]
+    ) -> NestedTopK:
+        """Wrap existing (P, Q, T) top lists and (P,) sizes (e.g. a metric's synced state)."""
+        if top.dim() != 3 or top.shape[0] != len(fractions) or seen.shape != (len(fractions),):
+            raise ValueError(
+                f"state shapes {tuple(top.shape)}, {tuple(seen.shape)} do not match {fractions}"
+            )
+        state = cls(1, top.shape[2], fractions, dtype=top.dtype)
+        state.top, state.seen = top, seen
+        return state
+
     @property
     def n_queries(self) -> int:
         return self.top.shape[1]

@@ -1,0 +1,266 @@
+"""Streaming torchmetrics class for tail-extrapolated mAP@k.
+
+The queries (and their positives) are registered first, on every rank alike;
+the distractor sample is then streamed in chunks, sharded across ranks. The
+state per query is the running top-T sampled scores of each nested part of
+the sample (T = max(4000, k)), the positive scores and the sample size:
+O(Q·(P·T + m)) memory, never Q × S. Sampled counts above each positive are
+read off the top-T lists at compute time (exact below T, which is all that
+AP@k can see for N ≥ S). Across DDP ranks the top-T lists are merged and the
+sample sizes summed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torchmetrics import Metric
+
+from rl_gap.metrics.tail import ESTIMATORS, TailEstimate, TailPredictor
+from rl_gap.metrics.tail_hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail_rank import RANK_LAWS
+from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
+
+
+def _first_rank(stacked: torch.Tensor) -> torch.Tensor:
+    """Replicated states (queries, positives): every rank holds the same; keep rank 0's."""
+    return stacked[0]
+
+
+def _merge_top(stacked: torch.Tensor) -> torch.Tensor:
+    if stacked.dim() == 3:  # not stacked (single process)
+        return stacked
+    return NestedTopK.merge_ranks(stacked)
+
+
+def _sum_counts(stacked: torch.Tensor) -> torch.Tensor:
+    return stacked.sum(0) if stacked.dim() == 2 else stacked
+
+
+class TailExtrapolatedMAP(Metric):
+    """Predicted mAP@k at ``gallery_size`` distractors from a streamed distractor sample.
+
+    Args:
+        gallery_size: N, the gallery size to predict for.
+        k: AP cut-off.
+        estimator: "evt" (tail-aware), "count" or "sample".
+        rank_law: "plugin" (expected ranks) or "binomial"/"poisson" (E[AP@k]).
+        n_boot: query-bootstrap replicates for the interval.
+        fractions: nested sub-sample fractions kept (for diagnostics).
+        block_size: distractors per GEMM block when fed embeddings.
+        seed: seeds the random part assignment (when no ids) and the bootstrap.
+        config: EVT settings.
+
+    Example::
+
+        metric = TailExtrapolatedMAP(gallery_size=100_000_000, k=1000)
+        metric.update(queries=q, positives=p, positive_query=owner)  # on every rank
+        for chunk in distractor_loader:                                # sharded
+            metric.update(distractors=encoder(chunk))
+        metric.compute()  # {"map", "ci_low", "ci_high"}
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(
+        self,
+        gallery_size: int,
+        k: int = 1000,
+        estimator: str = "evt",
+        rank_law: str = "plugin",
+        n_boot: int = 1000,
+        fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+        block_size: int = 32768,
+        seed: int = 0,
+        config: TailConfig = DEFAULT_CONFIG,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
+        if rank_law not in RANK_LAWS:
+            raise ValueError(f"unknown rank_law {rank_law!r}; known: {', '.join(RANK_LAWS)}")
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if int(gallery_size) < 1:
+            raise ValueError(f"gallery_size must be >= 1, got {gallery_size}")
+        self.gallery_size = int(gallery_size)
+        self.k = int(k)
+        self.estimator = estimator
+        self.rank_law = rank_law
+        self.n_boot = n_boot
+        self.fractions = tuple(fractions)
+        self.capacity = max(self.k, config.n_top)
+        self.block_size = block_size
+        self.seed = seed
+        self.config = config
+        self._generator: torch.Generator | None = None
+        self.add_state("queries", default=torch.zeros(0, 0), dist_reduce_fx=_first_rank)
+        self.add_state(
+            "pos_scores", default=torch.zeros(0, 0, dtype=torch.float64), dist_reduce_fx=_first_rank
+        )
+        self.add_state(
+            "top",
+            default=torch.zeros(len(self.fractions), 0, self.capacity),
+            dist_reduce_fx=_merge_top,
+        )
+        self.add_state(
+            "seen",
+            default=torch.zeros(len(self.fractions), dtype=torch.long),
+            dist_reduce_fx=_sum_counts,
+        )
+
+    # ----------------------------------------------------------------- update
+    def update(
+        self,
+        queries: torch.Tensor | None = None,
+        positives: torch.Tensor | None = None,
+        positive_query: torch.Tensor | None = None,
+        positive_scores: torch.Tensor | None = None,
+        distractors: torch.Tensor | None = None,
+        distractor_scores: torch.Tensor | None = None,
+        distractor_ids: torch.Tensor | None = None,
+    ) -> None:
+        """Register queries (with positives) and/or stream a chunk of distractors.
+
+        Args:
+            queries: (q, d) query embeddings of this chunk of queries.
+            positives: (P, d) positive embeddings, with ``positive_query`` (P,)
+                the index (into this chunk's queries) each positive belongs to.
+            positive_scores: (q, m) NaN-padded positive scores, instead of
+                embeddings (then distractors must come as scores).
+            distractors: (B, d) embeddings of sampled distractors.
+            distractor_scores: (Q, B) scores of sampled distractors against
+                every registered query.
+            distractor_ids: optional (B,) integer ids; they decide (by hash)
+                which nested sub-sample each distractor joins, reproducibly.
+        """
+        if queries is not None or positive_scores is not None:
+            self._register(queries, positives, positive_query, positive_scores)
+        if distractors is not None:
+            if self.queries.numel() == 0:
+                raise ValueError("distractor embeddings need registered query embeddings")
+            if distractors.dim() != 2 or distractors.shape[1] != self.queries.shape[1]:
+                raise ValueError(
+                    f"distractors must be (B, d={self.queries.shape[1]}), got {tuple(distractors.shape)}"
+                )
+            self._check_finite(distractors, "distractors")
+            for start in range(0, distractors.shape[0], self.block_size):
+                block = distractors[start : start + self.block_size].to(self.queries.dtype)
+                ids = (
+                    None
+                    if distractor_ids is None
+                    else distractor_ids[start : start + self.block_size]
+                )
+                self._push(self.queries @ block.T, ids)
+        if distractor_scores is not None:
+            if (
+                distractor_scores.dim() != 2
+                or distractor_scores.shape[0] != self.pos_scores.shape[0]
+            ):
+                raise ValueError(
+                    f"distractor_scores must be (Q={self.pos_scores.shape[0]}, B), got {tuple(distractor_scores.shape)}"
+                )
+            self._check_finite(distractor_scores, "distractor_scores")
+            self._push(distractor_scores, distractor_ids)
+
+    @staticmethod
+    def _check_finite(x: torch.Tensor, name: str) -> None:
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or ±inf")
+
+    def _register(self, queries, positives, positive_query, positive_scores) -> None:
+        if int(self.seen.sum()) > 0:
+            raise ValueError("register every query before streaming distractors")
+        if positive_scores is None:
+            if queries is None or positives is None or positive_query is None:
+                raise ValueError(
+                    "give queries with positives and positive_query, or positive_scores"
+                )
+            if queries.dim() != 2 or positives.dim() != 2 or queries.shape[1] != positives.shape[1]:
+                raise ValueError(
+                    f"queries (q, d) and positives (P, d) must share d; got {tuple(queries.shape)}, {tuple(positives.shape)}"
+                )
+            owner = positive_query.long()
+            if owner.shape != (positives.shape[0],) or (
+                owner.numel() and (owner.min() < 0 or owner.max() >= queries.shape[0])
+            ):
+                raise ValueError("positive_query must be (P,) indices into this chunk's queries")
+            self._check_finite(queries, "queries")
+            self._check_finite(positives, "positives")
+            scores = (queries[owner].double() * positives.double()).sum(1)
+            counts = torch.bincount(owner, minlength=queries.shape[0])
+            width = int(counts.max()) if counts.numel() else 0
+            slot = torch.zeros_like(owner)
+            order = torch.argsort(owner, stable=True)
+            starts = torch.cumsum(counts, 0) - counts
+            slot[order] = torch.arange(owner.numel()) - starts[owner[order]]
+            positive_scores = torch.full(
+                (queries.shape[0], max(width, 1)), math.nan, dtype=torch.float64
+            )
+            positive_scores[owner, slot] = scores
+            q = queries.to(torch.float32)
+            self.queries = q if self.queries.numel() == 0 else torch.cat([self.queries, q])
+        elif queries is not None:
+            self.queries = (
+                queries.float()
+                if self.queries.numel() == 0
+                else torch.cat([self.queries, queries.float()])
+            )
+        pos = positive_scores.to(torch.float64)
+        if pos.dim() != 2 or bool(torch.isinf(pos).any()):
+            raise ValueError("positive scores must be (q, m), finite or NaN-padded")
+        old = self.pos_scores
+        width = max(old.shape[1] if old.numel() else 0, pos.shape[1])
+        pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=math.nan)  # noqa: E731
+        self.pos_scores = pad(pos) if old.numel() == 0 else torch.cat([pad(old), pad(pos)])
+        self.top = torch.full(
+            (len(self.fractions), self.pos_scores.shape[0], self.capacity), -math.inf
+        )
+
+    def _push(self, scores: torch.Tensor, ids: torch.Tensor | None) -> None:
+        if ids is not None:
+            u = torch.from_numpy(hash_uniform(ids, seed=self.seed))
+        else:
+            if self._generator is None:
+                from rl_gap.losses.dist import rank
+
+                self._generator = torch.Generator().manual_seed(self.seed * 1009 + rank())
+            u = torch.rand(scores.shape[1], generator=self._generator, dtype=torch.float64)
+        state = self._state()
+        state.push(scores.float(), part_of(u, self.fractions))
+        self.top, self.seen = state.top, state.seen
+
+    def _state(self) -> NestedTopK:
+        return NestedTopK.from_tensors(self.top, self.seen, self.fractions)
+
+    # ---------------------------------------------------------------- compute
+    def predictor(self) -> TailPredictor:
+        """A TailPredictor on the (synced) state, for curves and diagnostics."""
+        if self.pos_scores.numel() == 0:
+            raise ValueError("no query registered: call update(queries=..., positives=...) first")
+        return TailPredictor(self.pos_scores, self._state(), self.k, self.config, self.seed)
+
+    def estimate(self, **kwargs) -> TailEstimate:
+        """Full TailEstimate (per-query AP, fit, optional nested bootstrap / budget)."""
+        with self.sync_context(should_sync=self._to_sync, should_unsync=self._should_unsync):
+            return self.predictor().estimate(
+                self.estimator,
+                self.gallery_size,
+                kwargs.pop("rank_law", self.rank_law),
+                kwargs.pop("n_boot", self.n_boot),
+                **kwargs,
+            )
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        est = self.predictor().estimate(
+            self.estimator, self.gallery_size, self.rank_law, self.n_boot
+        )
+        return {
+            "map": torch.tensor(est.map, dtype=torch.float64),
+            "ci_low": torch.tensor(est.ci[0], dtype=torch.float64),
+            "ci_high": torch.tensor(est.ci[1], dtype=torch.float64),
+        }
