@@ -1,0 +1,177 @@
+"""``rl-gap linear-probe``: a linear classifier on frozen features of a checkpoint.
+
+    rl-gap linear-probe --checkpoint runs/.../last.ckpt --data imagefolder \\
+        --train-dir /data/imagenet/train --val-dir /data/imagenet/val --epochs 90
+    rl-gap linear-probe --checkpoint runs/demo/mnist_moco_gsap/checkpoints/last.ckpt --data mnist5k
+
+Features are extracted once (evaluation transform: resize + centre crop) and
+the probe, a single ``nn.Linear``, is trained on them with SGD (momentum 0.9,
+cosine learning rate, weight decay on the weight only), optionally after
+standardising each feature with the training mean/std (as a BatchNorm without
+affine would). This is the cheap frozen-feature variant: MoCo v3's own
+protocol re-runs the frozen backbone on augmented crops every epoch
+(RandomResizedCrop + flip, 90 epochs), which costs a full backbone pass per
+epoch; numbers from the two protocols are not interchangeable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from rl_gap.commands.knn import (
+    add_source_arguments,
+    emit,
+    evaluation_datasets,
+    extract_features,
+    load_module,
+)
+from rl_gap.metrics.knn import topk_accuracy
+
+
+@dataclass
+class LinearProbeResult:
+    """Trained probe (on the possibly standardised features) and its accuracies."""
+
+    weight: torch.Tensor  # (C, F)
+    bias: torch.Tensor  # (C,)
+    mean: torch.Tensor  # (F,) subtracted before the probe (zeros if not standardised)
+    std: torch.Tensor  # (F,) divided by before the probe (ones if not standardised)
+    metrics: dict[str, float]
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return ((features - self.mean) / self.std) @ self.weight.T + self.bias
+
+
+def train_linear_probe(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    epochs: int = 90,
+    lr: float = 0.1,
+    batch_size: int = 256,
+    weight_decay: float = 0.0,
+    momentum: float = 0.9,
+    standardize: bool = True,
+    num_classes: int | None = None,
+    seed: int = 0,
+) -> LinearProbeResult:
+    """Fit ``nn.Linear`` by minibatch SGD on mean cross-entropy + (wd/2)·‖W‖².
+
+    Args:
+        train_features, val_features: (N, F) float features.
+        train_labels, val_labels: (N,) integer classes.
+        epochs, lr, batch_size, weight_decay, momentum: SGD settings; the
+            learning rate follows a cosine from ``lr`` to 0 over all steps.
+        standardize: subtract the training mean and divide by the training std.
+        num_classes: C (default: largest label + 1).
+        seed: initialisation and shuffling seed.
+
+    Returns:
+        :class:`LinearProbeResult` with ``metrics`` = val top-1/top-5, train top-1.
+    """
+    for name, x, y in (("train", train_features, train_labels), ("val", val_features, val_labels)):
+        if x.ndim != 2 or x.shape[0] == 0 or y.shape != (x.shape[0],):
+            raise ValueError(
+                f"{name} features must be (N > 0, F) with (N,) labels, got "
+                f"{tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} features contain NaN or inf")
+    if train_features.shape[1] != val_features.shape[1]:
+        raise ValueError("train and val features differ in width")
+    if epochs < 1 or lr <= 0 or batch_size < 1:
+        raise ValueError(
+            f"need epochs >= 1, lr > 0, batch_size >= 1; got {epochs}, {lr}, {batch_size}"
+        )
+    x = train_features.float()
+    y = train_labels.long()
+    if num_classes is None:
+        num_classes = int(max(y.max(), val_labels.max())) + 1
+    if standardize:
+        mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
+    else:
+        mean, std = torch.zeros(x.shape[1]), torch.ones(x.shape[1])
+    x = (x - mean) / std
+
+    generator = torch.Generator().manual_seed(seed)
+    probe = nn.Linear(x.shape[1], num_classes)
+    with torch.no_grad():
+        # MoCo v3's probe init: N(0, 0.01²) weights, zero bias.
+        probe.weight.normal_(0.0, 0.01, generator=generator)
+        probe.bias.zero_()
+    optimizer = torch.optim.SGD(
+        [
+            {"params": [probe.weight], "weight_decay": weight_decay},
+            {"params": [probe.bias], "weight_decay": 0.0},
+        ],
+        lr=lr,
+        momentum=momentum,
+    )
+    steps_per_epoch = math.ceil(x.shape[0] / batch_size)
+    total = epochs * steps_per_epoch
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * step / total))
+    )
+    for _ in range(epochs):
+        order = torch.randperm(x.shape[0], generator=generator)
+        for start in range(0, x.shape[0], batch_size):
+            idx = order[start : start + batch_size]
+            loss = F.cross_entropy(probe(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    result = LinearProbeResult(
+        probe.weight.detach().clone(), probe.bias.detach().clone(), mean, std, {}
+    )
+    with torch.no_grad():
+        val = topk_accuracy(result.logits(val_features.float()), val_labels.long(), (1, 5))
+        train = topk_accuracy(result.logits(train_features.float()), y, (1,))
+    result.metrics = {"top1": val["top1"], "top5": val["top5"], "train_top1": train["top1"]}
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument("--epochs", type=int, default=90)
+    parser.add_argument("--lr", type=float, default=0.1, help="SGD peak learning rate")
+    parser.add_argument("--probe-batch-size", type=int, default=256)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument(
+        "--no-standardize", action="store_true", help="train on raw features (no mean/std)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    module = load_module(args.checkpoint, args.module_class, args.device)
+    train_set, val_set = evaluation_datasets(args)
+    train = extract_features(module, train_set, args.batch_size, args.num_workers, args.device)
+    val = extract_features(module, val_set, args.batch_size, args.num_workers, args.device)
+    result = train_linear_probe(
+        *train,
+        *val,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.probe_batch_size,
+        weight_decay=args.weight_decay,
+        standardize=not args.no_standardize,
+        seed=args.seed,
+    )
+    emit(
+        {
+            "checkpoint": str(args.checkpoint),
+            "num_train": int(train[0].shape[0]),
+            "num_val": int(val[0].shape[0]),
+            **result.metrics,
+        },
+        args.output,
+    )
+    return 0

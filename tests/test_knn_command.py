@@ -1,0 +1,67 @@
+"""``rl-gap knn`` from a checkpoint: loads the weights, splits, and scores like the metric."""
+
+from __future__ import annotations
+
+import json
+
+import lightning
+import pytest
+import torch
+
+from rl_gap.cli import main
+from rl_gap.commands.knn import extract_features
+from rl_gap.data.ssl_mnist import MNIST5kSSLDataModule
+from rl_gap.metrics.knn import weighted_knn_accuracy
+from rl_gap.modules.moco_v3 import MoCoV3Module
+
+TINY = dict(
+    backbone="vit_tiny_patch16_224",
+    backbone_kwargs=dict(img_size=28, patch_size=7, in_chans=1, depth=1, embed_dim=16, num_heads=2),
+    hidden_dim=32,
+    embed_dim=8,
+)
+
+
+def tiny_checkpoint(tmp_path, seed: int = 0):
+    """A MoCoV3Module checkpoint as Lightning writes it (state dict + hyper-parameters)."""
+    torch.manual_seed(seed)
+    module = MoCoV3Module(**TINY)
+    path = tmp_path / "tiny.ckpt"
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": lightning.__version__,
+        },
+        path,
+    )
+    return path, module
+
+
+def test_knn_command_matches_metric_on_original_weights(tmp_path):
+    path, original = tiny_checkpoint(tmp_path, seed=3)
+    out = tmp_path / "knn.json"
+    argv = ["knn", "--checkpoint", str(path), "--data", "mnist5k", "--device", "cpu",
+            "--k", "10", "20", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["num_bank"] == 4000 and result["num_queries"] == 1000
+
+    dm = MNIST5kSSLDataModule()
+    dm.setup("validate")
+    original.eval()
+    bank, bank_labels = extract_features(original, dm.bank_set)
+    queries, query_labels = extract_features(original, dm.query_set)
+    for k in (10, 20):
+        expected = weighted_knn_accuracy(queries, query_labels, bank, bank_labels, k=k)
+        assert result[f"k{k}/top1"] == pytest.approx(expected["top1"], abs=1e-12)
+        assert result[f"k{k}/top5"] == pytest.approx(expected["top5"], abs=1e-12)
+    assert result["k20/top1"] > 0.3  # random ViT features of digits: far above chance
+
+
+def test_knn_command_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        main(["knn", "--checkpoint", str(tmp_path / "none.ckpt"), "--data", "mnist5k"])
+    path, _ = tiny_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="--train-dir"):
+        main(["knn", "--checkpoint", str(path), "--data", "imagefolder", "--device", "cpu"])
