@@ -112,20 +112,27 @@ class RetrievalMetrics(Metric):
         self.database_embeddings.append(embeddings[~mask])
         self.database_labels.append(labels[~mask])
 
+    @staticmethod
+    def _cat(state: list[Tensor] | Tensor) -> Tensor | None:
+        # List states become one tensor after a DDP sync.
+        if isinstance(state, list):
+            return dim_zero_cat(state) if state else None
+        return state
+
     def _suite(self) -> dict[str, float]:
-        if not self.query_embeddings or not len(dim_zero_cat(self.query_labels)):
+        queries = self._cat(self.query_embeddings)
+        if queries is None or queries.shape[0] == 0:
             raise ValueError(f"{type(self).__name__}.compute() called with no query embeddings")
-        queries = dim_zero_cat(self.query_embeddings)
-        query_labels = dim_zero_cat(self.query_labels)
+        query_labels = self._cat(self.query_labels)
         if self.leave_one_out:
             database, database_labels = queries, query_labels
         else:
-            if not self.database_embeddings:
+            database = self._cat(self.database_embeddings)
+            database_labels = self._cat(self.database_labels)
+            if database is None or database.shape[0] == 0:
                 raise ValueError(
                     f"{type(self).__name__}.compute() called with no database embeddings"
                 )
-            database = dim_zero_cat(self.database_embeddings)
-            database_labels = dim_zero_cat(self.database_labels)
         return evaluate_embeddings(
             queries, database, query_labels, database_labels, exclude_self=self.leave_one_out,
             ks=self.ks, precisions=self.precisions, map_at=self.map_at, ceiling=self.ceiling,

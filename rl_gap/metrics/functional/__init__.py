@@ -6,14 +6,11 @@
   over GEMM blocks, never building the Q x D matrix.
 """
 
+from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
 from rl_gap.metrics.functional.ceiling import consistency_ceiling
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import state_from_embeddings
-from rl_gap.metrics.functional.protocol import (
-    bootstrap_from_state,
-    split_classes,
-    threshold_protocol_from_state,
-)
+from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
 from rl_gap.metrics.functional.retrieval import (
     global_ap,
     global_f1,

@@ -59,8 +59,13 @@ def interleaving_ap(gaps_in_order: np.ndarray) -> float:
     return float(np.mean(hits / items)) if gaps_in_order.size else float("nan")
 
 
-def ratio_rule_ap(chains: list[np.ndarray]) -> float:
-    """gAP of the ratio-rule schedule (PAV merging, then decreasing density)."""
+def ratio_rule_order(chains: list[np.ndarray]) -> list[tuple[int, int]]:
+    """Ratio-rule schedule: (chain, block) pairs in merged order.
+
+    Per chain, pool-adjacent-violators merging of consecutive blocks until the
+    densities (positives / items) are non-increasing; then every segment by
+    decreasing density (stable).
+    """
     seg_pos, seg_len, seg_chain, seg_first = [], [], [], []
     for chain_id, gaps in enumerate(chains):
         stack: list[list[int]] = []  # [positives, length, first block]
@@ -77,13 +82,16 @@ def ratio_rule_ap(chains: list[np.ndarray]) -> float:
             seg_chain.append(chain_id)
             seg_first.append(first)
     if not seg_pos:
-        return float("nan")
+        return []
     density = np.asarray(seg_pos, dtype=np.float64) / np.asarray(seg_len, dtype=np.float64)
     order = np.argsort(-density, kind="stable")
-    pieces = [
-        chains[seg_chain[s]][seg_first[s] : seg_first[s] + seg_pos[s]] for s in order.tolist()
-    ]
-    return interleaving_ap(np.concatenate(pieces))
+    return [(seg_chain[s], seg_first[s] + j) for s in order.tolist() for j in range(seg_pos[s])]
+
+
+def ratio_rule_ap(chains: list[np.ndarray]) -> float:
+    """gAP of the ratio-rule schedule (``ratio_rule_order``)."""
+    order = ratio_rule_order(chains)
+    return interleaving_ap(np.asarray([chains[c][j] for c, j in order], dtype=np.int64))
 
 
 def greedy_ap(chains: list[np.ndarray]) -> float:

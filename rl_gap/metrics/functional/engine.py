@@ -16,6 +16,8 @@ O(P + groups·G + block) besides the embeddings.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -24,7 +26,12 @@ from rl_gap.metrics.functional.counting import NegativeCounter
 from rl_gap.metrics.functional.dense import bootstrap_knots, prepare_positives
 from rl_gap.metrics.functional.state import RetrievalState, compute_dtype_for
 
-__all__ = ["state_from_embeddings", "positive_pairs_from_labels", "as_tensor"]
+__all__ = [
+    "state_from_embeddings",
+    "positive_pairs_from_labels",
+    "as_tensor",
+    "check_embeddings",
+]
 
 
 def as_tensor(x, name: str) -> Tensor:
@@ -34,11 +41,14 @@ def as_tensor(x, name: str) -> Tensor:
     if isinstance(x, np.ndarray):
         if x.dtype == object or x.dtype.kind in "USO":
             raise ValueError(f"{name} must be numeric, got numpy dtype {x.dtype}")
-        return torch.from_numpy(x) if x.flags.writeable else torch.from_numpy(np.asarray(x))
+        with warnings.catch_warnings():
+            # Read-only memory maps: the engine only ever reads them.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(x)
     raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
 
 
-def _check_embeddings(x: Tensor, name: str) -> None:
+def check_embeddings(x: Tensor, name: str) -> None:
     if x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, dim), got shape {tuple(x.shape)}")
     if x.shape[0] == 0:
@@ -99,6 +109,7 @@ def state_from_embeddings(
     num_groups: int = 1,
     bootstrap_budget: int = 0,
     cache_bytes: int = 256 << 20,
+    validated: bool = False,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -113,12 +124,14 @@ def state_from_embeddings(
         query_group / num_groups: per-query group ids for split metrics.
         bootstrap_budget: per-query knot counts kept for the gAP bootstrap (0: none).
         cache_bytes: memory for keeping positive blocks between the two steps.
+        validated: skip the NaN/inf scan of the embeddings (the caller did it).
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
-    _check_embeddings(queries, "query embeddings")
-    if database is not queries:
-        _check_embeddings(database, "database embeddings")
+    if not validated:
+        check_embeddings(queries, "query embeddings")
+        if database is not queries:
+            check_embeddings(database, "database embeddings")
     if queries.shape[1] != database.shape[1]:
         raise ValueError(
             f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"

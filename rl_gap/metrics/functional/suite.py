@@ -6,14 +6,11 @@ import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional import ranking
+from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
 from rl_gap.metrics.functional.ceiling import consistency_ceiling
 from rl_gap.metrics.functional.dense import state_from_scores
-from rl_gap.metrics.functional.engine import as_tensor, state_from_embeddings
-from rl_gap.metrics.functional.protocol import (
-    bootstrap_from_state,
-    split_classes,
-    threshold_protocol_from_state,
-)
+from rl_gap.metrics.functional.engine import as_tensor, check_embeddings, state_from_embeddings
+from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
 from rl_gap.metrics.functional.state import RetrievalState
 
 __all__ = ["evaluate_embeddings", "evaluate_scores", "metrics_from_state", "query_groups"]
@@ -134,7 +131,11 @@ def evaluate_embeddings(
     the engine. Returns Python floats.
     """
     queries_t = as_tensor(queries, "queries")
-    num_q = queries_t.shape[0] if queries_t.ndim == 2 else 0
+    check_embeddings(queries_t, "query embeddings")
+    if database is not None:
+        database = as_tensor(database, "database")
+        check_embeddings(database, "database embeddings")
+    num_q = queries_t.shape[0]
     protocol_half = None
     if relevant_pairs is not None:
         if protocol:
@@ -167,7 +168,7 @@ def evaluate_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
         relevant_pairs=relevant_pairs, block_size=block_size, device=device,
         query_group=group, num_groups=num_groups,
-        bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0,
+        bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0, validated=True,
     )  # fmt: skip
     return metrics_from_state(state, ks, precisions, map_at, ceiling, protocol, bootstrap, seed)
 
