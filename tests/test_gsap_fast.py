@@ -179,6 +179,21 @@ def test_gsap_loss_fast_matches_exact_with_valid_mask_and_neg_drop():
         assert_gradients_match(grads["fast"].flatten(), grads["exact"].flatten())
 
 
+def test_valid_mask_equals_dropping_the_items():
+    gen = torch.Generator().manual_seed(9)
+    scores = torch.randn(4000, generator=gen) * 0.05
+    positive = torch.rand(4000, generator=gen) < 0.04
+    valid = torch.rand(4000, generator=gen) < 0.8
+    scores[~valid] = 1.0  # invalid items would dominate the ranking if they counted
+    ref_value, ref_grad = brute_force_sap(scores[valid], positive[valid], 1e-3)
+    s = scores.clone().requires_grad_()
+    value = smoothed_ap_fast(s, positive, 1e-3, valid=valid)
+    value.backward()
+    assert abs(float(value) - float(ref_value)) <= 1e-6
+    assert torch.all(s.grad[~valid] == 0)
+    assert_gradients_match(s.grad[valid], ref_grad)
+
+
 def test_prefer_fast_switches_with_size():
     assert not prefer_fast(3, 100, 0.01)
     assert prefer_fast(3 * 2048, 2048 * 2047, 0.01)

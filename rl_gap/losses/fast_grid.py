@@ -1,23 +1,28 @@
-"""Two-level uniform grid for the fast smoothed-AP kernel: planning, moments, band sums.
+"""Two-level uniform grid for the fast smoothed-AP kernel: planning and the coarse-grid maths.
 
 Scores are binned (no sort) into a *fine* grid of step h_f = h_c / 2^r inside
-a *coarse* grid of step h_c (both powers of two, so every cell centre is an
-exactly representable float and the offsets s − centre are exact).
+a *coarse* grid of step h_c (both powers of two, the window's lower edge a
+multiple of h_c, so every cell centre is an exactly representable float and
+the offsets s − centre are exact, in float32 too).
 
 - Sources (all M items) -> fine moments ``sum_j t_j^k``, k <= N_f (t_j the
-  offset from the fine centre in fine units): O(M) elementwise passes and
-  scatter-adds, no sort -> shifted exactly to coarse moments of order N_c
-  (one small matmul; "moment-to-moment" translation).
-- Queries (the P positives) -> kernel sums over the coarse cells within
-  ``U`` temperatures (the band); cells farther above contribute exactly
-  their count (σ = 1 to the tolerance, a suffix sum), farther below nothing.
-- Backward: the positives' weighted σ' contributions are scattered onto the
-  coarse cells of their band as Taylor coefficients of order N_c, translated
-  to fine cells of order N_f, and every item reads its cell's cubic/quartic.
+  offset from the fine centre in fine units) in O(M) elementwise passes and
+  scatter-adds (``fast_binning``) -> shifted exactly to coarse moments of
+  order N (one small matmul, "moment to moment").
+- Coarse grid: with source offset T' and query offset T (coarse units), and
+  r = h_c/τ, every kernel is expanded jointly,
+  σ^(b)((k + T' − T) r) = sum_{n+l <= N} σ^(b+n+l)(k r) (T' r)^n/n! (−T r)^l/l!,
+  so ``H_{b,l}[C] = sum_k sum_n m̃_n[C + k] σ^(b+n+l)(k r)`` is a correlation
+  of the moment rows with fixed kernels over the band |k| <= K, done by FFT
+  (O(G log G)). Cells farther above a query contribute exactly their count
+  (σ = 1 to the tolerance, a suffix sum), farther below nothing.
+- Queries: the P positives read their cell's polynomial in T; every item
+  reads its *fine* cell's short polynomial (coarse Taylor coefficients
+  re-expanded about fine centres, "local to local").
 
-Error bound (relative, per kernel sum, see ``fast_kernels``):
-``fine_bound(t_f, N_f) + coarse_bound(t_c, N_c) + 4·M·e^(−U)`` with
-t_f = (1/2 + rounding) h_f/τ and t_c = h_c/(2τ); plus float64 rounding.
+Error bound (relative, per kernel sum; see ``fast_kernels``):
+``fine_bound(t_f, N_f) + coarse_bound(r, N) + 4·M·e^(−U)`` with
+t_f = h_f/(2τ) (plus binning rounding) and |T' − T| r <= r <= 1/2.
 """
 
 from __future__ import annotations
@@ -28,15 +33,10 @@ from functools import cache
 
 import torch
 
-from rl_gap.losses.fast_kernels import coarse_bound, fine_bound
+from rl_gap.losses.fast_kernels import coarse_bound, fine_bound, sigmoid_derivatives
 
-# Items per chunk of the O(M) passes: small enough for the chunk's float64
-# temporaries to stay in cache, large enough to amortise Python overhead.
-CHUNK_ELEMENTS = 1 << 17
-# Band (query × cell) pairs per chunk of the O(P · band) work.
-BAND_ELEMENTS = 1 << 16
 FINE_ORDERS = (3, 4, 5)
-COARSE_ORDERS = (6, 8, 10, 12, 14, 16)
+COARSE_ORDERS = (8, 10, 12, 14, 16)
 MAX_FINE_CELLS = 1 << 23
 
 
@@ -64,10 +64,12 @@ class GridPlan:
         h_coarse, h_fine: cell steps (powers of two), h_fine = h_coarse / 2^refine.
         refine: log2 of fine cells per coarse cell.
         num_coarse, num_fine: cell counts of the window (num_fine = num_coarse · 2^refine).
-        fine_order, coarse_order: Taylor orders N_f, N_c.
-        band: half-width K of the band in coarse cells (beyond: saturated).
+        fine_order: N_f, Taylor order of the per-item (fine) expansions.
+        coarse_order: N, joint Taylor order of the coarse expansion.
+        band: K, half-width of the band in coarse cells (beyond: saturated).
         temperature: τ.
-        bound: the guaranteed relative error of every kernel sum.
+        bound: guaranteed relative error of every kernel sum.
+        bin_dtype: dtype of the O(M) binning passes (float32 when exact, else float64).
     """
 
     lo: float
@@ -81,6 +83,12 @@ class GridPlan:
     band: int
     temperature: float
     bound: float
+    bin_dtype: torch.dtype
+
+    @property
+    def ratio(self) -> float:
+        """h_c / τ."""
+        return self.h_coarse / self.temperature
 
 
 def plan_grid(
@@ -91,22 +99,24 @@ def plan_grid(
     num_items: int,
     temperature: float,
     tolerance: float,
+    score_dtype: torch.dtype,
 ) -> GridPlan:
     """Choose the grid and orders so that every kernel sum has relative error <= tolerance/2.
 
-    Budget: fine expansion tolerance/4, coarse expansion tolerance/16,
-    band truncation tolerance/16 (the rest is slack for float64 rounding).
-    Since |Δ(R_P/R_A)| <= 2·(relative error of the sums), |ΔSAP| <= tolerance.
+    Budget: fine expansion tolerance/4, coarse expansion tolerance/16, band
+    truncation tolerance/16 (the rest is slack for float64 rounding). Since
+    |Δ(R_P/R_A)| <= 2·(relative error of the sums), |ΔSAP| <= tolerance.
 
     Args:
         lo_all, hi_all: score range of all items; lo_pos, hi_pos: of the positives.
         num_items: M.
         temperature: τ.
         tolerance: bound on the absolute error of SAP.
+        score_dtype: dtype of the scores (float64 scores are binned in float64).
     """
     tau = temperature
-    h_coarse = 2.0 ** math.floor(math.log2(tau))
-    ratio = h_coarse / tau  # in (1/2, 1]
+    h_coarse = 2.0 ** math.floor(math.log2(tau / 2.0))
+    ratio = h_coarse / tau  # in (1/4, 1/2]
     truncation = tolerance / 16.0
     reach = math.log(4.0 * max(num_items, 1) / truncation)  # U, in units of τ
     band = math.ceil(reach / ratio) + 2
@@ -114,12 +124,11 @@ def plan_grid(
     window_hi = min(hi_all, hi_pos + reach * tau)
     lo = math.floor(window_lo / h_coarse) * h_coarse
     num_coarse = int(math.floor((window_hi - lo) / h_coarse)) + 1
-    coarse_offset = _quantize_up(0.5 * ratio)
     for fine_order in FINE_ORDERS:
         for refine in range(0, 16):
             num_fine = num_coarse << refine
-            # float64 binning: the offset may exceed 1/2 cell by the rounding of (s − lo)/h_f.
-            slack = num_fine * 2.0**-50
+            # The binned offset may exceed 1/2 cell by the rounding of (s − lo)/h_f.
+            slack = num_fine * 2.0**-22
             fine_offset = _quantize_up((0.5 + slack) * ratio / 2**refine)
             if _fine_bound_q(fine_offset, fine_order) <= tolerance / 4.0:
                 break
@@ -133,17 +142,22 @@ def plan_grid(
             f"score window of width {window_hi - window_lo:g} within {MAX_FINE_CELLS} grid cells; "
             "use the exact implementation or a larger tolerance"
         )
+    # Joint offset |T' − T| <= 1 coarse cell (+ the binning slack).
+    coarse_offset = _quantize_up(ratio * (1.0 + num_coarse * 2.0**-21 + 2.0**-10))
     for coarse_order in COARSE_ORDERS:
         err = _coarse_bound_q(coarse_offset, coarse_order, fine_offset, fine_order)
         if err <= tolerance / 16.0:
             break
     else:
         raise ValueError(f"fast smoothed AP cannot reach tolerance {tolerance:g}")
-    bound = _fine_bound_q(fine_offset, fine_order) + err + truncation
+    h_fine = h_coarse / 2**refine
+    # float32 binning is exact when every fine-cell centre is a float32 (|centre| < 2^23 h_f).
+    extent = max(abs(lo), abs(lo + num_coarse * h_coarse)) + h_coarse
+    exact_f32 = extent < 2.0**22 * h_fine and score_dtype != torch.float64
     return GridPlan(
         lo=lo,
         h_coarse=h_coarse,
-        h_fine=h_coarse / 2**refine,
+        h_fine=h_fine,
         refine=refine,
         num_coarse=num_coarse,
         num_fine=num_fine,
@@ -151,54 +165,72 @@ def plan_grid(
         coarse_order=coarse_order,
         band=band,
         temperature=tau,
-        bound=bound,
+        bound=_fine_bound_q(fine_offset, fine_order) + err + truncation,
+        bin_dtype=torch.float32 if exact_f32 else torch.float64,
     )
 
 
-def fine_cells(chunk: torch.Tensor, plan: GridPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fine cell row (0 = below the window, num_fine + 1 = above) and offset of each score.
+def moment_factors(order: int, ratio: float, device: torch.device) -> torch.Tensor:
+    """ratio^n / n! for n = 0..order (float64)."""
+    return torch.tensor(
+        [ratio**n / math.factorial(n) for n in range(order + 1)], dtype=torch.float64, device=device
+    )
+
+
+def correlate_band(moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...]) -> torch.Tensor:
+    """``H[a, b, l, C] = sum_{|k|<=K} sum_{n <= N−l} m̃[a, n, C+k] σ^(shifts[b]+n+l)(k r)`` by FFT.
 
     Args:
-        chunk: (n,) scores, any float dtype (computed in float64).
-        plan: the grid.
+        moments: (A, N+1, G) scaled coarse moments m̃_n = m_n r^n / n!.
+        plan: the grid (N = coarse_order, K = band, r = ratio).
+        shifts: kernel derivative offsets b (0: σ sums, 1: σ' sums).
 
     Returns:
-        (row (n,) int64, t (n,) float64 in about [−1/2, 1/2] fine units; 0 in the sinks).
+        (A, len(shifts), N+1, G) float64.
     """
-    x = chunk.to(torch.float64, copy=True)
-    inv_h = 1.0 / plan.h_fine
-    cell = (x * inv_h).sub_(plan.lo * inv_h).floor_().clamp_(-1.0, float(plan.num_fine))
-    # centre = lo + (cell + 1/2) h_f, exact (h_f a power of two, lo a multiple of h_c).
-    t = x.sub_(cell * plan.h_fine).sub_(plan.lo + 0.5 * plan.h_fine).mul_(inv_h)
-    inside = (cell >= 0) & (cell < plan.num_fine)
-    t = t.mul_(inside)
-    return cell.add_(1.0).long(), t
+    order, band, size = plan.coarse_order, plan.band, moments.shape[-1]
+    device = moments.device
+    n_fft = 1 << math.ceil(math.log2(size + band + 1))
+    offsets = torch.arange(-band, band + 1, device=device, dtype=torch.float64)
+    kernels = sigmoid_derivatives(offsets * plan.ratio, order + max(shifts)).T  # (J, 2K+1)
+    circular = kernels.new_zeros(kernels.shape[0], n_fft)
+    circular[:, : band + 1] = kernels[:, band:]
+    circular[:, n_fft - band :] = kernels[:, :band]
+    kernel_f = torch.fft.rfft(circular).conj()  # (J, F)
+    moment_f = torch.fft.rfft(moments, n_fft)  # (A, N+1, F)
+    out = moments.new_empty(moments.shape[0], len(shifts), order + 1, size)
+    for b, shift in enumerate(shifts):
+        for l in range(order + 1):  # noqa: E741
+            n = order - l + 1
+            spectrum = (moment_f[:, :n] * kernel_f[shift + l : shift + l + n]).sum(1)
+            out[:, b, l] = torch.fft.irfft(spectrum, n_fft)[..., :size]
+    return out
 
 
-def fine_moments(scores: torch.Tensor, plan: GridPlan) -> torch.Tensor:
-    """Per fine cell, ``sum_j t_j^k`` for k = 0..N_f over all items (float64).
+def query_powers(offset: torch.Tensor, plan: GridPlan) -> torch.Tensor:
+    """(−T r)^l / l! for l = 0..N at the query offsets T: (N+1, Q) float64."""
+    order = plan.coarse_order
+    factors = moment_factors(order, -plan.ratio, offset.device)
+    return offset.unsqueeze(0) ** torch.arange(order + 1, device=offset.device).unsqueeze(
+        1
+    ) * factors.unsqueeze(1)
 
-    Returns:
-        (num_fine + 2, N_f + 1); row 0 collects the items below the window,
-        the last row those above it (only their counts are used).
-    """
-    order = plan.fine_order
-    rows = plan.num_fine + 2
-    moments = [
-        torch.zeros(rows, dtype=torch.float64, device=scores.device) for _ in range(order + 1)
-    ]
-    ones = torch.ones(
-        min(CHUNK_ELEMENTS, scores.numel()), dtype=torch.float64, device=scores.device
-    )
-    for start in range(0, scores.numel(), CHUNK_ELEMENTS):
-        row, t = fine_cells(scores[start : start + CHUNK_ELEMENTS], plan)
-        moments[0].index_add_(0, row, ones[: row.numel()])
-        power = t
-        moments[1].index_add_(0, row, power)
-        for k in range(2, order + 1):
-            power = power * t
-            moments[k].index_add_(0, row, power)
-    return torch.stack(moments, 1)
+
+def coarse_position(scores: torch.Tensor, plan: GridPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Coarse cell index and offset T (coarse units, float64) of in-window scores (the positives)."""
+    x = (scores.to(torch.float64) - plan.lo) / plan.h_coarse
+    cell = x.floor().clamp_(0, plan.num_coarse - 1)
+    return cell.long(), x - cell - 0.5
+
+
+def point_moments(cell: torch.Tensor, offset: torch.Tensor, weights: torch.Tensor, plan: GridPlan):
+    """Coarse moments ``sum_i w_i T_i^n`` of weighted points, (q, N+1, G) for weights (P, q)."""
+    order = plan.coarse_order
+    powers = offset.unsqueeze(1) ** torch.arange(order + 1, device=offset.device)  # (P, N+1)
+    values = weights.unsqueeze(2) * powers.unsqueeze(1)  # (P, q, N+1)
+    table = values.new_zeros(plan.num_coarse, weights.shape[1] * (order + 1))
+    table.index_add_(0, cell, values.reshape(cell.numel(), -1))
+    return table.reshape(plan.num_coarse, weights.shape[1], order + 1).permute(1, 2, 0)
 
 
 def _fine_offsets(plan: GridPlan, device: torch.device) -> torch.Tensor:
@@ -244,10 +276,3 @@ def taylor_to_fine(coarse_coef: torch.Tensor, plan: GridPlan) -> torch.Tensor:
     inner = (coarse_coef @ shift.reshape(nc + 1, per * (nf + 1))).reshape(plan.num_fine, nf + 1)
     pad = inner.new_zeros(1, nf + 1)
     return torch.cat([pad, inner, pad])
-
-
-def coarse_position(scores: torch.Tensor, plan: GridPlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Coarse cell index and offset (coarse units, float64) of in-window scores (the positives)."""
-    x = (scores.to(torch.float64) - plan.lo) / plan.h_coarse
-    cell = x.floor().clamp_(0, plan.num_coarse - 1)
-    return cell.long(), x - cell - 0.5

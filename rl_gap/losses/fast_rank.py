@@ -33,22 +33,22 @@ import math
 
 import torch
 
+from rl_gap.losses.fast_binning import evaluate_fine, fine_moments
 from rl_gap.losses.fast_grid import (
-    BAND_ELEMENTS,
-    CHUNK_ELEMENTS,
     GridPlan,
     coarse_moments,
     coarse_position,
-    fine_cells,
-    fine_moments,
+    correlate_band,
+    moment_factors,
     plan_grid,
+    point_moments,
+    query_powers,
     taylor_to_fine,
 )
-from rl_gap.losses.fast_kernels import sigmoid_derivatives
 
 # impl="auto": P × M comparisons above which the fast kernel wins, measured on
 # this project's 2-core CPU (see the fast-kernel report); the exact sweep costs
-# ~P × M sigmoid evaluations, the fast kernel ~40 passes over M plus a fixed
+# ~P × M sigmoid evaluations, the fast kernel ~20 passes over M plus a fixed
 # planning/grid overhead.
 FAST_MIN_COMPARISONS = 1 << 23
 
@@ -58,123 +58,56 @@ def prefer_fast(num_positives: int, num_items: int, temperature: float) -> bool:
 
     Args:
         num_positives: P; num_items: M; temperature: τ (the fast kernel's cost
-            barely depends on it: band work is O(P · log(M/tol)) cells).
+            barely depends on it: its grid work is O(G log G) with G <= window/τ cells).
     """
     del temperature
     return num_positives * num_items >= FAST_MIN_COMPARISONS and num_positives >= 8
 
 
-def _scaled_factors(plan: GridPlan, order: int, device: torch.device) -> torch.Tensor:
-    """(h_c/τ)^n / n! for n = 0..order (float64)."""
-    ratio = plan.h_coarse / plan.temperature
-    return torch.tensor(
-        [ratio**n / math.factorial(n) for n in range(order + 1)], dtype=torch.float64, device=device
-    )
-
-
-def _band(cell: torch.Tensor, offset: torch.Tensor, plan: GridPlan, max_order: int):
-    """Band cells (padded-table rows) and σ^(0..max_order)((x_cell − s_i)/τ) for a chunk of positives.
-
-    Returns:
-        rows (c, 2K+1) int64 into tables padded by K rows on each side, and
-        derivatives (c, 2K+1, max_order + 1) float64.
-    """
-    k = torch.arange(-plan.band, plan.band + 1, device=cell.device)
-    rows = cell.unsqueeze(1) + k + plan.band
-    u = (k.to(torch.float64) - offset.unsqueeze(1)) * (plan.h_coarse / plan.temperature)
-    return rows, sigmoid_derivatives(u, max_order)
-
-
-def _pad(table: torch.Tensor, plan: GridPlan) -> torch.Tensor:
-    pad = table.new_zeros(plan.band, table.shape[1])
-    return torch.cat([pad, table, pad])
-
-
-def _forward_sums(scores, pos_scores, plan):
-    """R_A, R_P, D_A, D_P at every positive (float64, (P,) each)."""
+def _forward_sums(scores: torch.Tensor, valid, pos_scores: torch.Tensor, plan: GridPlan):
+    """R_A, R_P, D_A, D_P at every positive (float64, (P,) each), and the positives' cells."""
     device = scores.device
-    nc = plan.coarse_order
-    fine = fine_moments(scores, plan)
-    all_moments = coarse_moments(fine, plan)
+    fine = fine_moments(scores, plan, valid)
     above_window = fine[-1, 0]
     cell, offset = coarse_position(pos_scores, plan)
-    powers = offset.unsqueeze(1) ** torch.arange(nc + 1, device=device, dtype=torch.float64)
-    pos_moments = torch.zeros_like(all_moments).index_add_(0, cell, powers)
-    factors = _scaled_factors(plan, nc, device)
-    # One padded table: columns [all items | positives], scaled by (h_c/τ)^n / n!.
-    table = _pad(torch.cat([all_moments * factors, pos_moments * factors], 1), plan)
-    # Counts strictly above the band of a positive: suffix sums over coarse cells.
-    counts = torch.stack([all_moments[:, 0], pos_moments[:, 0]], 1)
-    suffix = torch.cat([counts.flip(0).cumsum(0).flip(0), counts.new_zeros(1, 2)])
-    width = 2 * plan.band + 1
-    per_chunk = max(1, BAND_ELEMENTS // width)
-    sums = []
-    for start in range(0, pos_scores.numel(), per_chunk):
-        c, t = cell[start : start + per_chunk], offset[start : start + per_chunk]
-        rows, deriv = _band(c, t, plan, nc + 1)
-        gathered = table[rows]  # (c, W, 2(nc+1))
-        g_all, g_pos = gathered[..., : nc + 1], gathered[..., nc + 1 :]
-        sig, dsig = deriv[..., : nc + 1], deriv[..., 1:]
-        above = suffix[(c + plan.band + 1).clamp_max(plan.num_coarse)]
-        sums.append(
-            torch.stack(
-                [
-                    (g_all * sig).sum((1, 2)) + above[:, 0] + above_window,
-                    (g_pos * sig).sum((1, 2)) + above[:, 1],
-                    (g_all * dsig).sum((1, 2)),
-                    (g_pos * dsig).sum((1, 2)),
-                ],
-                1,
-            )
-        )
-    rank_all, rank_pos, deriv_all, deriv_pos = torch.cat(sums).unbind(1)
-    return rank_all + 0.5, rank_pos + 0.5, deriv_all, deriv_pos, cell, offset
-
-
-def _gradient_tables(cell, offset, weights, plan):
-    """Per coarse cell, Taylor coefficients of E_w(x_C + T h_c) = sum_l c_l T^l for each weight column.
-
-    Args:
-        cell, offset: (P,) coarse positions of the positives.
-        weights: (P, q) float64 weight columns.
-
-    Returns:
-        (num_coarse + 2K, q, N_c + 1) padded tables.
-    """
-    nc, q = plan.coarse_order, weights.shape[1]
-    factors = _scaled_factors(plan, nc, cell.device)
-    table = weights.new_zeros(plan.num_coarse + 2 * plan.band, q * (nc + 1))
-    width = 2 * plan.band + 1
-    per_chunk = max(1, BAND_ELEMENTS // width)
-    for start in range(0, cell.numel(), per_chunk):
-        sl = slice(start, start + per_chunk)
-        rows, deriv = _band(cell[sl], offset[sl], plan, nc + 1)
-        coef = deriv[..., 1:] * factors  # (c, W, nc+1): σ^(l+1)(u) (h_c/τ)^l / l!
-        values = coef.unsqueeze(2) * weights[sl, None, :, None]  # (c, W, q, nc+1)
-        table.index_add_(0, rows.reshape(-1), values.reshape(-1, q * (nc + 1)))
-    return table.reshape(-1, q, nc + 1)
+    all_moments = coarse_moments(fine, plan).T.unsqueeze(0)  # (1, N+1, G)
+    pos_moments = point_moments(cell, offset, torch.ones_like(offset).unsqueeze(1), plan)
+    moments = torch.cat([all_moments, pos_moments])  # (2, N+1, G)
+    factors = moment_factors(plan.coarse_order, plan.ratio, device)
+    grid = correlate_band(moments * factors.unsqueeze(1), plan, shifts=(0, 1))  # (2, 2, N+1, G)
+    sums = (grid[..., cell] * query_powers(offset, plan)).sum(2)  # (2, 2, P)
+    # Items in cells above a positive's band count exactly 1 each (suffix sums).
+    counts = moments[:, 0]  # (2, G)
+    suffix = torch.cat([counts.flip(1).cumsum(1).flip(1), counts.new_zeros(2, 1)], 1)
+    above = suffix[:, (cell + plan.band + 1).clamp_max(plan.num_coarse)]  # (2, P)
+    rank_all = sums[0, 0] + above[0] + above_window + 0.5
+    rank_pos = sums[1, 0] + above[1] + 0.5
+    return rank_all, rank_pos, sums[0, 1], sums[1, 1], cell, offset
 
 
 class _SmoothedAPFast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores, positive, temperature, tolerance):  # type: ignore[override]
+    def forward(ctx, scores, positive, valid, temperature, tolerance):  # type: ignore[override]
         work = scores.detach()
-        pos_index = positive.nonzero().squeeze(1)
+        pos_index = positive.nonzero().squeeze(1)  # positive is already & valid
         pos_scores = work[pos_index].to(torch.float64)
         lo_all, hi_all = (float(v) for v in torch.aminmax(work))
         lo_pos, hi_pos = (float(v) for v in torch.aminmax(pos_scores))
         if not (math.isfinite(lo_all) and math.isfinite(hi_all)):
             raise ValueError("smoothed_ap_fast: scores contain NaN or infinite values")
-        plan = plan_grid(lo_all, hi_all, lo_pos, hi_pos, work.numel(), temperature, tolerance)
+        plan = plan_grid(
+            lo_all, hi_all, lo_pos, hi_pos, work.numel(), temperature, tolerance, work.dtype
+        )
         rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = _forward_sums(
-            work, pos_scores, plan
+            work, valid, pos_scores, plan
         )
         sap = (rank_pos / rank_all).mean()
         ctx.plan = plan
+        ctx.valid = valid
         ctx.save_for_backward(
             work, pos_index, rank_all, rank_pos, deriv_all, deriv_pos, cell, offset
         )
-        return sap.to(scores.dtype if scores.dtype == torch.float64 else torch.float32)
+        return sap.to(torch.float64 if scores.dtype == torch.float64 else torch.float32)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -184,27 +117,21 @@ class _SmoothedAPFast(torch.autograd.Function):
         scale = grad_output.to(torch.float64) / (pos_index.numel() * plan.temperature)
         coef_a = 1.0 / rank_all
         coef_b = -rank_pos / rank_all**2
-        tables = _gradient_tables(cell, offset, torch.stack([coef_a, coef_b], 1), plan)
-        # E_a, E_b at the positives, from their coarse cell's polynomial (float64).
-        nc = plan.coarse_order
-        powers = offset.unsqueeze(1) ** torch.arange(
-            nc + 1, device=work.device, dtype=torch.float64
-        )
-        at_pos = (tables[cell + plan.band] * powers.unsqueeze(1)).sum(2)  # (P, 2)
-        pos_grad = at_pos.sum(1) - coef_a * deriv_pos - coef_b * deriv_all
-        # E_b at every item, from its fine cell's short polynomial.
-        inner = tables[plan.band : plan.band + plan.num_coarse, 1] * scale
-        fine_table = taylor_to_fine(inner, plan)  # (num_fine + 2, N_f + 1)
-        grad = torch.empty(work.shape, dtype=work.dtype, device=work.device)
-        for start in range(0, work.numel(), CHUNK_ELEMENTS):
-            row, t = fine_cells(work[start : start + CHUNK_ELEMENTS], plan)
-            coef = fine_table[row]  # (n, N_f + 1)
-            acc = coef[:, -1].clone()
-            for k in range(plan.fine_order - 1, -1, -1):
-                acc.mul_(t).add_(coef[:, k])
-            grad[start : start + row.numel()] = acc
+        weights = torch.stack([coef_a, coef_b], 1)
+        factors = moment_factors(plan.coarse_order, plan.ratio, work.device)
+        moments = point_moments(cell, offset, weights, plan) * factors.unsqueeze(1)
+        grid = correlate_band(moments, plan, shifts=(1,))[:, 0]  # (2, N+1, G): E_a, E_b
+        # E_a, E_b at the positives, from their coarse cell's polynomial in T.
+        at_pos = (grid[..., cell] * query_powers(offset, plan)).sum(1)  # (2, P)
+        pos_grad = at_pos.sum(0) - coef_a * deriv_pos - coef_b * deriv_all
+        # E_b at every item: Taylor coefficients in T (coarse units), re-expanded per fine cell.
+        taylor = grid[1].T * moment_factors(plan.coarse_order, -plan.ratio, work.device)
+        fine_table = taylor_to_fine(taylor * scale, plan)  # (G_f + 2, N_f + 1)
+        grad = torch.empty_like(work)
+        # Invalid items are binned into the empty sink row: their gradient is 0.
+        evaluate_fine(work, plan, fine_table, grad, ctx.valid)
         grad[pos_index] = (pos_grad * scale).to(grad.dtype)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def smoothed_ap_fast(
@@ -213,6 +140,7 @@ def smoothed_ap_fast(
     temperature: float,
     *,
     tolerance: float = 1e-7,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Smoothed AP of one flat ranked list in O(M) time and memory (no P × M work, no sort).
 
@@ -224,6 +152,9 @@ def smoothed_ap_fast(
         temperature: sigmoid temperature τ > 0.
         tolerance: bound on |SAP_fast − SAP_exact| (and the relative error of
             every rank and gradient kernel sum is <= tolerance / 2).
+        valid: optional (M,) bool; False items are left out of the list (and
+            get zero gradient). Passing a flat view of the whole matrix with its
+            ``valid`` mask avoids materialising ``sim[valid]`` (an M-sized copy).
 
     Returns:
         0-d smoothed AP (float64 for float64 scores, else float32),
@@ -248,6 +179,12 @@ def smoothed_ap_fast(
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     if not 1e-13 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [1e-13, 1), got {tolerance}")
+    if valid is not None:
+        if not isinstance(valid, torch.Tensor) or valid.shape != scores.shape:
+            raise ValueError(f"valid must be a bool tensor of shape {tuple(scores.shape)}")
+        if valid.dtype != torch.bool:
+            raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
+        positive = positive & valid
     if not bool(positive.any()):
-        raise ValueError("smoothed AP needs at least one positive item")
-    return _SmoothedAPFast.apply(scores, positive, float(temperature), float(tolerance))
+        raise ValueError("smoothed AP needs at least one (valid) positive item")
+    return _SmoothedAPFast.apply(scores, positive, valid, float(temperature), float(tolerance))
