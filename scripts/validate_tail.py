@@ -107,6 +107,12 @@ def run(args: argparse.Namespace) -> dict:
                 f"  pool {start + n:>9d}/{args.pool}  {time.perf_counter() - t0:6.1f}s", flush=True
             )
     stream_s = time.perf_counter() - t0
+    if args.save:
+        torch.save(
+            {"positives": positives, "full_top": [f.top for f in full], "full_seen": [f.seen for f in full],
+             "sample_top": [s.top for s in sample], "sample_seen": [s.seen for s in sample]},
+            args.save,
+        )  # fmt: skip
 
     rows = []
     for b in range(args.backbones):
@@ -156,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=str, default=None, help="write the results here")
+    p.add_argument(
+        "--save", type=str, default=None, help="save positives and top-T states (for analysis)"
+    )
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     out = run(args)

@@ -206,6 +206,10 @@ class TailPredictor:
         ] = {}
 
     @property
+    def n_queries_valid(self) -> int:
+        return int(self.query_ok.sum())
+
+    @property
     def n_excluded(self) -> int:
         return int((~self.query_ok).sum())
 

@@ -1,0 +1,118 @@
+"""``rl-gap extrapolate`` end to end on small saved embeddings."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rl_gap.cli import main
+from rl_gap.metrics.tail import predict_map
+
+
+def write_inputs(tmp_path, Q=10, P=25, S=6000, d=12, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(Q, d)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    owner = rng.integers(0, Q - 1, size=P)  # the last query has no positive
+    p = q[owner] + 0.5 * rng.normal(size=(P, d)).astype(np.float32)
+    p /= np.linalg.norm(p, axis=1, keepdims=True)
+    x = rng.normal(size=(S, d)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    np.save(tmp_path / "q.npy", q)
+    torch.save(torch.from_numpy(p), tmp_path / "p.pt")
+    np.save(tmp_path / "owner.npy", owner)
+    np.save(tmp_path / "x.npy", x)
+    return q, p, owner, x
+
+
+def test_extrapolate_cli_table_json_and_plot(tmp_path, capsys):
+    q, p, owner, x = write_inputs(tmp_path)
+    out_json, out_png = tmp_path / "res.json", tmp_path / "curve.png"
+    rc = main([
+        "extrapolate", "--queries", str(tmp_path / "q.npy"), "--positives", str(tmp_path / "p.pt"),
+        "--positive-query", str(tmp_path / "owner.npy"), "--distractors", str(tmp_path / "x.npy"),
+        "--gallery-size", "120000", "--k", "100", "--n-boot", "200", "--json", str(out_json),
+        "--plot", str(out_png), "--block-size", "1000", "--no-progress",
+    ])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "evt" in printed and "count" in printed and "95% CI" in printed
+    res = json.loads(out_json.read_text())
+    n_empty = q.shape[0] - len(np.unique(owner))
+    assert (
+        res["sample_size"] == 6000
+        and res["n_excluded"] == n_empty
+        and res["n_queries"] == q.shape[0] - n_empty
+    )
+    # Reference: plain positive scores, full score matrix, the functional API.
+    Q = q.shape[0]
+    rows = [[float(q[i] @ p[j]) for j in range(len(owner)) if owner[j] == i] for i in range(Q)]
+    m = max(len(r) for r in rows)
+    pos = torch.tensor([r + [math.nan] * (m - len(r)) for r in rows], dtype=torch.float64)
+    sample = torch.from_numpy(q @ x.T)
+    for name in ("sample", "count", "evt"):
+        ref = predict_map(pos, sample, gallery_size=120_000, k=100, estimator=name, n_boot=200)
+        assert res["estimators"][name]["map"] == pytest.approx(ref.map, abs=1e-5)
+    assert res["estimators"]["evt"]["budget"]["levels"][-1]["sample_size"] == 6000
+    assert [m["sample_size"] for m in res["measured"]] == [750, 1500, 3000, 6000]
+    assert out_png.stat().st_size > 10_000
+    curves = res["plot"]["curves"]
+    assert curves["evt"]["map"][0] >= curves["evt"]["map"][-1]  # mAP never rises with N
+
+
+def test_extrapolate_cli_labels_and_errors(tmp_path):
+    q, p, owner, x = write_inputs(tmp_path, seed=1)
+    np.save(tmp_path / "ql.npy", np.arange(q.shape[0]))
+    np.save(tmp_path / "pl.npy", owner)
+    base = ["extrapolate", "--queries", str(tmp_path / "q.npy"), "--positives", str(tmp_path / "p.pt"),
+            "--distractors", str(tmp_path / "x.npy"), "--k", "50", "--n-boot", "50", "--no-progress",
+            "--estimators", "count"]  # fmt: skip
+    labels = [
+        "--query-labels",
+        str(tmp_path / "ql.npy"),
+        "--positive-labels",
+        str(tmp_path / "pl.npy"),
+    ]
+    assert (
+        main([*base, *labels, "--gallery-size", "60000", "--json", str(tmp_path / "a.json")]) == 0
+    )
+    owner_args = ["--positive-query", str(tmp_path / "owner.npy")]
+    assert (
+        main([*base, *owner_args, "--gallery-size", "60000", "--json", str(tmp_path / "b.json")])
+        == 0
+    )
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert a["estimators"]["count"]["map"] == pytest.approx(
+        b["estimators"]["count"]["map"], abs=1e-12
+    )
+    with pytest.raises(FileNotFoundError, match="expected"):
+        main(
+            [
+                *base,
+                *owner_args,
+                "--gallery-size",
+                "60000",
+                "--distractors",
+                str(tmp_path / "nope.npy"),
+            ]
+        )
+    with pytest.raises(ValueError, match="gallery-size"):
+        main([*base, *owner_args, "--gallery-size", "10", "--json", ""])
+    with pytest.raises(ValueError, match="tie positives"):
+        main([*base, "--gallery-size", "60000", "--json", ""])
+    np.save(tmp_path / "bad.npy", np.zeros((100, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="dimension"):
+        main(
+            [
+                *base,
+                *owner_args,
+                "--gallery-size",
+                "60000",
+                "--distractors",
+                str(tmp_path / "bad.npy"),
+            ]
+        )
