@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rl_gap.losses import build_loss, smoothed_ap_exact
 
@@ -178,3 +179,46 @@ def test_half_precision_is_computed_in_float32(name, dtype):
     assert loss.dtype == torch.float32 and leaf.grad.dtype == dtype
     reference = loss_fn(sim_half.double(), rel, valid)
     assert abs(float(loss.detach()) - float(reference)) < 1e-5
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op produces (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def metric_batch(batch: int = 64):
+    gen = torch.Generator().manual_seed(9)
+    emb = torch.nn.functional.normalize(torch.randn(batch, 8, generator=gen), dim=1)
+    labels = torch.arange(batch) // 4
+    rel = labels.unsqueeze(1) == labels.unsqueeze(0)
+    return emb @ emb.T, rel, ~torch.eye(batch, dtype=torch.bool)
+
+
+def test_gsap_never_materialises_the_comparison_matrix():
+    sim, rel, valid = metric_batch()
+    num_items, num_pos = int(valid.sum()), int((rel & valid).sum())  # M = 4032, P = 192
+    leaf = sim.clone().requires_grad_(True)
+    with LargestTensor() as mode:
+        build_loss("gsap", temperature=0.01, impl="exact", chunk_size=4)(
+            leaf, rel, valid
+        ).backward()
+    assert mode.numel <= 4 * num_items < num_pos * num_items // 40
+
+
+def test_msap_chunks_rows():
+    sim, rel, valid = metric_batch()
+    leaf = sim.clone().requires_grad_(True)
+    with LargestTensor() as mode:
+        build_loss("msap", temperature=0.01, chunk_size=2)(leaf, rel, valid).backward()
+    # One-shot Smooth-AP would hold rows × K × D = 64 · 3 · 64 comparisons.
+    assert mode.numel <= sim.numel() < 64 * 3 * 64

@@ -46,11 +46,13 @@ class MeanSmoothAPLoss(nn.Module):
 
     Args:
         temperature: sigmoid temperature τ > 0.
-        neg_drop: α in [0, 1), per-row negative dropping (no gradient through
-            the selection; positives kept).
+        neg_drop: α in [0, 1), per-list negative dropping: each row (and, when
+            symmetric, each column) drops its ``floor(α · N)`` lowest valid
+            negatives (no gradient through the selection; positives kept; ties:
+            lower index first).
         symmetric: also rank the columns (D lists over Q) and average both.
-        chunk_size: rows per chunk (peak extra memory ~3 · chunk · K · D
-            elements, K = most positives in a row); None = automatic (~2^24).
+        chunk_size: rows per chunk (peak extra memory one chunk × K × D
+            block, K = most positives in a row); None = automatic (~2^24 elements).
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss.
     """

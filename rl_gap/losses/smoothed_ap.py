@@ -196,7 +196,7 @@ def _rows_sweep(
         order = torch.argsort((~positive[rows]).to(torch.int8), dim=1, stable=True)[:, :k]
         anchor_ok = torch.arange(k, device=s.device).unsqueeze(0) < num_pos[rows].unsqueeze(1)
         anchors = s.gather(1, order)  # (c, k)
-        sig = torch.sigmoid(s.unsqueeze(1) - anchors.unsqueeze(2))  # (c, k, D)
+        sig = (s.unsqueeze(1) - anchors.unsqueeze(2)).sigmoid_()  # (c, k, D)
         p_col = pos_f[rows].unsqueeze(2)  # (c, D, 1)
         n_col = neg_f[rows].unsqueeze(2)
         rank_pos = torch.bmm(sig, p_col).squeeze(2).add_(0.5)  # 1 + sum over j != i
@@ -209,7 +209,7 @@ def _rows_sweep(
         inv_sq = rank_all.pow(-2) * weight * inv_tau
         coef_pos = (rank_neg * inv_sq).unsqueeze(1)  # (c, 1, k)
         coef_neg = (-rank_pos * inv_sq).unsqueeze(1)
-        deriv = sig.sub_(sig * sig)  # σ' in place, (c, k, D)
+        deriv = sig.addcmul_(sig, sig, value=-1.0)  # σ' = σ − σ², in place
         col = torch.bmm(coef_pos, deriv).squeeze(1) * pos_f[rows]
         col += torch.bmm(coef_neg, deriv).squeeze(1) * neg_f[rows]
         anchor = coef_pos.squeeze(1) * torch.bmm(deriv, p_col).squeeze(2)
@@ -247,8 +247,9 @@ def smoothed_ap_rows(
 ) -> torch.Tensor:
     """Smoothed AP of every row of a score matrix, each row its own ranked list (Smooth-AP).
 
-    Peak extra memory is ~3 × chunk × K × D elements (K = most positives in a
-    row), not the O(R · K · D) of a one-shot broadcast (Smooth_AP #12).
+    Peak extra memory is one chunk × K × D block (K = most positives in a
+    row) plus O(R · D), not the O(R · K · D) of a one-shot broadcast
+    (Smooth-AP's reference code, Smooth_AP #12).
 
     Args:
         scores: (R, D) float scores; float16/bfloat16 are computed in float32.
