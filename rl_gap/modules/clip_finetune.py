@@ -72,7 +72,9 @@ class CLIPFineTuneModule(RankingModule):
             checkpoint's ``logit_scale`` (as CLIP fine-tuning continues it).
         lock_image / lock_text: freeze a tower (LiT-style).
         lock_image_unlocked_groups / lock_text_unlocked_layers: keep the last
-            groups / layers of a locked tower trainable.
+            layer groups of a locked tower trainable (open_clip's grouping,
+            counted from the output: 1 = the projection, 2 = also the last
+            block and final norm, ...).
         grad_checkpointing: activation checkpointing in both towers.
         optimizer, lr, weight_decay, betas, momentum, scheduler, warmup,
         min_lr_ratio, lr_scales: see ``RankingModule``.
