@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
 from rl_gap.losses import dist
+from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import state_from_embeddings
 from rl_gap.metrics.functional.protocol import split_classes
 from rl_gap.metrics.functional.ranking import global_f1_from_state
@@ -45,69 +46,46 @@ def unique_by_index(
     return embeddings[order], labels[order], indices[keep]
 
 
-def leave_one_out_pairs(
-    query_positions: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positive (query, database) pairs when the queries are a subset of the database.
-
-    Args:
-        query_positions: (Q,) database row of each query.
-        labels: (D,) database labels.
-
-    Returns:
-        ``(query_idx, database_idx)``: every same-label pair except each query with itself.
-    """
-    order = torch.argsort(labels, stable=True)
-    sorted_labels = labels[order]
-    q_labels = labels[query_positions]
-    lo = torch.searchsorted(sorted_labels, q_labels)
-    hi = torch.searchsorted(sorted_labels, q_labels, right=True)
-    counts = hi - lo
-    q_idx = torch.repeat_interleave(torch.arange(len(query_positions)), counts)
-    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts
-    )
-    d_idx = order[torch.repeat_interleave(lo, counts) + offsets]
-    keep = d_idx != query_positions[q_idx]
-    return q_idx[keep], d_idx[keep]
-
-
 def retrieval_state(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
     query_positions: torch.Tensor | None = None,
     protocol_seed: int = 0,
     block_size: int = 2048,
+    max_dense_pairs: int = 200_000_000,
 ):
     """Exact retrieval state of an evaluation set, with threshold-protocol query groups.
 
     ``query_positions=None``: every item is a query against all others
-    (leave-one-out); else those rows are the queries against the whole set,
-    each without itself.
+    (leave-one-out, blocked engine, any size). Otherwise those rows are the
+    queries against the whole set, each without itself; the engine cannot yet
+    mark one pair per query invalid, so this path scores the (Q, D) matrix
+    densely and is limited to ``max_dense_pairs`` pairs.
     """
     if query_positions is None:
-        queries, q_labels = embeddings, labels
-        pairs = None
         _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-        num_pos = counts[inverse] - 1
-    else:
-        queries, q_labels = embeddings[query_positions], labels[query_positions]
-        pairs = leave_one_out_pairs(query_positions.cpu(), labels.cpu())
-        num_pos = torch.bincount(pairs[0], minlength=len(query_positions))
-    group, num_groups = query_groups(
-        num_pos.cpu() > 0, split_classes(q_labels.cpu(), protocol_seed)
-    )
-    return state_from_embeddings(
-        queries,
-        embeddings,
-        q_labels if pairs is None else None,
-        labels if pairs is None else None,
-        exclude_self=query_positions is None,
-        relevant_pairs=pairs,
-        block_size=block_size,
-        query_group=group,
-        num_groups=num_groups,
-    )
+        has_positive = (counts[inverse] - 1).cpu() > 0
+        group, num_groups = query_groups(has_positive, split_classes(labels.cpu(), protocol_seed))
+        return state_from_embeddings(
+            embeddings, embeddings, labels, labels, exclude_self=True, block_size=block_size,
+            query_group=group, num_groups=num_groups,
+        )  # fmt: skip
+    num_q, num_d = len(query_positions), len(labels)
+    if num_q * num_d > max_dense_pairs:
+        raise ValueError(
+            f"{num_q} queries x {num_d} items exceed max_dense_pairs={max_dense_pairs} for "
+            "query-subset evaluation; raise it if memory allows (the blocked engine needs "
+            "per-query self-pair exclusion for this case)"
+        )
+    query_positions = query_positions.to(embeddings.device)
+    scores = embeddings[query_positions] @ embeddings.T
+    rel = labels[query_positions][:, None] == labels[None, :]
+    valid = torch.ones_like(rel)
+    valid[torch.arange(num_q, device=rel.device), query_positions] = False
+    has_positive = (rel & valid).any(1).cpu()
+    q_labels = labels[query_positions].cpu()
+    group, num_groups = query_groups(has_positive, split_classes(q_labels, protocol_seed))
+    return state_from_scores(scores, rel, valid, group.to(scores.device), num_groups)
 
 
 class RetrievalEvaluation(Callback):
