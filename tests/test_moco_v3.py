@@ -205,6 +205,17 @@ def test_gsap_two_view_loss_is_the_registry_loss_on_both_view_pairs():
     assert tiny_module(loss=cfg, loss_scale=3.0).loss_scale_value() == 3.0
 
 
+def test_similarity_is_float32_under_bf16_autocast():
+    module = tiny_module()
+    q, k = torch.randn(4, 8), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sim, rel = module.pair_similarity(q.bfloat16(), k.bfloat16())
+    assert sim.dtype == torch.float32
+    expected = torch.nn.functional.normalize(q.bfloat16().float(), dim=1)
+    expected = expected @ torch.nn.functional.normalize(k.bfloat16().float(), dim=1).T
+    torch.testing.assert_close(sim, expected)
+
+
 def test_global_similarity_block_diagonal():
     module = tiny_module().double()
     batch = {"views": [torch.randn(3, 1, 8, 8).double(), torch.randn(3, 1, 8, 8).double()]}

@@ -201,9 +201,13 @@ class MoCoV3Module(RankingModule):
         Returns:
             sim (N_global, N_global), rel = eye (bool).
         """
-        q = self.gather(F.normalize(queries, dim=1))
-        k = self.gather_labels(F.normalize(keys.detach(), dim=1))
-        sim = q @ k.T
+        # float32 even under bf16/fp16 autocast: bf16 resolves cosines near 1
+        # only to ~4e-3, coarser than gSAP's temperature (1e-2 and below).
+        dtype = torch.promote_types(queries.dtype, torch.float32)
+        with torch.autocast(device_type=queries.device.type, enabled=False):
+            q = self.gather(F.normalize(queries.to(dtype), dim=1))
+            k = self.gather_labels(F.normalize(keys.detach().to(dtype), dim=1))
+            sim = q @ k.T
         rel = torch.eye(sim.shape[0], dtype=torch.bool, device=sim.device)
         return sim, rel
 
