@@ -136,6 +136,20 @@ def test_many_positives_per_row_and_isolated_items():
         assert_gradients_match(grad, ref_grad)
 
 
+def test_real_scatter_path_matches(monkeypatch):
+    # The per-moment float64 scatter used on accelerators without complex atomics.
+    from rl_gap.losses import fast_binning
+
+    scores, positive = square_batch(64, "random", seed=10)
+    expected, expected_grad = fast_value_and_grad(scores, positive, 1e-2)
+    monkeypatch.setattr(fast_binning, "PAIRED_SCATTER_DEVICES", ())
+    value, grad = fast_value_and_grad(scores, positive, 1e-2)
+    ref_value, ref_grad = brute_force_sap(scores, positive, 1e-2)
+    assert abs(float(value) - float(ref_value)) <= 1e-6
+    assert_gradients_match(grad, ref_grad)
+    assert abs(float(value) - float(expected)) <= 1e-7
+
+
 def test_single_positive_and_all_equal_scores():
     scores = torch.zeros(50)
     positive = torch.zeros(50, dtype=torch.bool)

@@ -19,6 +19,8 @@ import torch
 from rl_gap.losses.fast_grid import GridPlan
 
 CHUNK_ELEMENTS = 1 << 18
+# Devices whose scatter_add_ handles complex128 (two float64 moments per add).
+PAIRED_SCATTER_DEVICES = ("cpu",)
 
 
 class _Binner:
@@ -75,6 +77,7 @@ def fine_moments(
     tables = [torch.zeros(rows, dtype=torch.complex128, device=device) for _ in range(pairs)]
     powers = torch.empty(pairs, chunk, 2, dtype=torch.float64, device=device)
     powers[0, :, 0] = 1.0
+    paired = device.type in PAIRED_SCATTER_DEVICES
     for start in range(0, scores.numel(), chunk):
         part = None if valid is None else valid[start : start + chunk]
         row, t = binner(scores[start : start + chunk], part)
@@ -85,7 +88,12 @@ def fine_moments(
         for k in range(2, 2 * pairs):
             torch.mul(power[(k - 1) // 2, :, (k - 1) % 2], t64, out=power[k // 2, :, k % 2])
         for table, values in zip(tables, power):
-            table.scatter_add_(0, row, torch.view_as_complex(values))
+            if paired:
+                table.scatter_add_(0, row, torch.view_as_complex(values))
+            else:  # complex atomics are not available on every accelerator
+                real = torch.view_as_real(table)
+                real[:, 0].index_add_(0, row, values[:, 0].contiguous())
+                real[:, 1].index_add_(0, row, values[:, 1].contiguous())
     moments = torch.stack([torch.view_as_real(table) for table in tables], 1).reshape(rows, -1)
     return moments[:, : plan.fine_order + 1]
 

@@ -46,22 +46,22 @@ from rl_gap.losses.fast_grid import (
     taylor_to_fine,
 )
 
-# impl="auto": P × M comparisons above which the fast kernel wins, measured on
-# this project's 2-core CPU (see the fast-kernel report); the exact sweep costs
-# ~P × M sigmoid evaluations, the fast kernel ~20 passes over M plus a fixed
-# planning/grid overhead.
-FAST_MIN_COMPARISONS = 1 << 23
+# impl="auto": the exact sweep costs ~P × M sigmoid evaluations; the fast kernel
+# ~20 passes over M plus O(G log G) grid work, G ~ score window / τ cells. On
+# this project's 2-core CPU (float32, square batches, 4 per class) the fast
+# kernel won from P × M ≈ 3e6 at τ = 1e-2 and ≈ 1.5e7 at τ = 1e-4.
+FAST_MIN_COMPARISONS = 1 << 22
 
 
 def prefer_fast(num_positives: int, num_items: int, temperature: float) -> bool:
     """Whether ``smoothed_ap_fast`` is expected to beat the exact P × M sweep.
 
     Args:
-        num_positives: P; num_items: M; temperature: τ (the fast kernel's cost
-            barely depends on it: its grid work is O(G log G) with G <= window/τ cells).
+        num_positives: P; num_items: M; temperature: τ (smaller τ means a finer
+            grid, so the fast kernel needs a larger problem to pay off).
     """
-    del temperature
-    return num_positives * num_items >= FAST_MIN_COMPARISONS and num_positives >= 8
+    threshold = FAST_MIN_COMPARISONS * max(1.0, math.sqrt(1e-3 / temperature))
+    return num_positives * num_items >= threshold
 
 
 def _forward_sums(scores: torch.Tensor, valid, pos_scores: torch.Tensor, plan: GridPlan):
