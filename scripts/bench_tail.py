@@ -32,8 +32,10 @@ def make_embeddings(Q: int, S: int, d: int, seed: int):
     q = torch.nn.functional.normalize(
         centers[torch.randint(0, 64, (Q,), generator=g)] + torch.randn(Q, d, generator=g), dim=1
     )
+    # Positive noise of norm ≈ 0.5..1.1 (per-query difficulty): cosine to the query ≈ 0.7..0.9.
+    spread = torch.empty(Q, 1).uniform_(0.5, 1.1, generator=g).repeat_interleave(3, 0) / d**0.5
     pos = torch.nn.functional.normalize(
-        q.repeat_interleave(3, 0) + 0.35 * torch.randn(3 * Q, d, generator=g), dim=1
+        q.repeat_interleave(3, 0) + spread * torch.randn(3 * Q, d, generator=g), dim=1
     )
     x = torch.empty(S, d)
     for start in range(0, S, 131072):

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import TailPredictor
+from rl_gap.metrics.tail_hardness import TailConfig
+from rl_gap.metrics.tail_rank import ap_at_k_from_hardness
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 
 
@@ -147,6 +149,63 @@ def run(args: argparse.Namespace) -> dict:
     return {"rows": rows, "stream_seconds": stream_s, "args": vars(args)}
 
 
+def _ap(pred: TailPredictor, x: torch.Tensor, n: int) -> float:
+    ap = ap_at_k_from_hardness(pred.j, pred.valid, x, n, pred.k)
+    return float(ap[pred.query_ok].mean())
+
+
+def analyze(path: str, k: int) -> None:
+    """Where does the evt error come from? Oracle swaps and estimator variants.
+
+    On the saved states: swap in the pool's realized hardness K_full/N for
+    (a) the tail positives the fit calls immune (x̂ = 0: endpoint below s_j),
+    (b) all tail positives (count < 5), and re-run evt with other threshold
+    quantiles, n_top, and ξ ranges.
+    """
+    saved = torch.load(path)
+    for b, pos in enumerate(saved["positives"]):
+        full = NestedTopK.from_tensors(saved["full_top"][b], saved["full_seen"][b], (1.0,))
+        samp = NestedTopK.from_tensors(
+            saved["sample_top"][b], saved["sample_seen"][b], DEFAULT_FRACTIONS
+        )
+        N = int(full.seen.sum())
+        truth_pred = TailPredictor(pos, full, k)
+        truth = float(truth_pred.per_query("sample", N)[truth_pred.query_ok].mean())
+        x_true = truth_pred.hardness("count")[0]
+        pred = TailPredictor(pos, samp, k)
+        x_evt, counts, fit = pred.hardness("evt")
+        tail = pred.valid & (counts < 5)
+        zero = tail & (x_evt == 0)
+        base = _ap(pred, x_evt, N) - truth
+        swap_zero = _ap(pred, torch.where(zero, x_true, x_evt), N) - truth
+        swap_tail = _ap(pred, torch.where(tail, x_true, x_evt), N) - truth
+        pos_tail = tail & (x_evt > 0) & (x_true > 0)
+        log_ratio = torch.log(x_evt[pos_tail] / x_true[pos_tail])
+        print(f"backbone {b}: truth {truth:.4f}  evt err {base:+.4f}")
+        print(
+            f"  tail positives {int(tail.sum())}, called immune {int(zero.sum())} "
+            f"(of which truly reached in the pool: {int((zero & (x_true > 0)).sum())})"
+        )
+        print(
+            f"  oracle x for immune-called: err {swap_zero:+.4f};  oracle x for all tail: err {swap_tail:+.4f}"
+        )
+        if log_ratio.numel():
+            print(
+                f"  tail x̂/x where both > 0: median {float(log_ratio.median().exp()):.2f}, "
+                f"mean log {float(log_ratio.mean()):+.2f} ± {float(log_ratio.std()):.2f} (n = {log_ratio.numel()})"
+            )
+        for label, cfg in (
+            ("q = 0.90", TailConfig(threshold_quantile=0.90)),
+            ("q = 0.98", TailConfig(threshold_quantile=0.98)),
+            ("n_top = 1000", TailConfig(n_top=1000)),
+            ("xi >= -0.5", TailConfig(xi_min=-0.5)),
+            ("xi = 0 (exp.)", TailConfig(xi_min=0.0)),
+        ):
+            variant = TailPredictor(pos, samp, k, cfg)
+            x_v = variant.hardness("evt")[0]
+            print(f"  variant {label:<14} err {_ap(variant, x_v, N) - truth:+.4f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pool", type=int, default=2_000_000, help="distractor pool size N")
@@ -166,7 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         "--save", type=str, default=None, help="save positives and top-T states (for analysis)"
     )
     p.add_argument("--verbose", action="store_true")
+    p.add_argument(
+        "--analyze", type=str, default=None, help="analyse saved states instead of simulating"
+    )
     args = p.parse_args(argv)
+    if args.analyze:
+        analyze(args.analyze, args.k)
+        return 0
     out = run(args)
     names = ("sample", "count", "evt", "evt_binomial")
     print(
