@@ -5,12 +5,16 @@ positives set to ``-inf``) for a range of query rows and keeps, exactly:
 
 - per query group, the number of negatives >= every grid value (gAP, R@P, F1);
 - per query, the number of its negatives >= each of its own positives (mAP,
-  AP@k, R@k, per-query F1), through a row-chunk histogram over the union of the
-  chunk's own positive grid positions (rows sorted by label share that union);
+  AP@k, R@k, per-query F1): a small histogram per query over its own distinct
+  positive scores (m_q + 1 bins, O(P + Q) in all);
 - optionally, per query, the negatives >= a set of bootstrap knots.
 
-Work per negative is O(1): one grid lookup (``GridLookup``) plus table gathers
-and ``bincount``; memory is O(groups·G + P + chunk histograms).
+Per negative: one exact grid lookup ``g`` = #grid values <= score
+(``GridLookup``: O(1) outside cells holding a positive), then the query's own
+bin = #own distinct positives with grid position < g (a search among the
+query's few positives), and histogram increments. A fused CPU kernel
+(``native.py``) does all of it in one pass; the eager tensor path here (used on
+GPU and for small problems) computes the same counts.
 """
 
 from __future__ import annotations
@@ -18,31 +22,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rl_gap.metrics.functional.state import GridLookup
+from rl_gap.metrics.functional import native
+from rl_gap.metrics.functional.state import GridLookup, unique_sorted
 
-__all__ = ["NegativeCounter"]
+__all__ = ["NegativeCounter", "suffix_sum"]
 
-_LOCAL_BUDGET = 1 << 20  # entries of one row-chunk histogram
+NATIVE_MIN_PAIRS = 1 << 16  # smaller blocks use eager ops
 
 
-def _suffix_sum(hist: Tensor) -> Tensor:
+def suffix_sum(hist: Tensor) -> Tensor:
     """Reverse cumulative sum along the last dim."""
     return torch.flip(torch.cumsum(torch.flip(hist, [-1]), -1), [-1])
-
-
-class _RowChunk:
-    """Rows [start, stop) with the union of their own positives' grid positions."""
-
-    def __init__(self, start: int, stop: int, union: Tensor, grid_size: int) -> None:
-        self.start, self.stop = start, stop
-        self.union = union
-        width = union.numel() + 1
-        self.width = width
-        # lut[g] = #union positions < g, i.e. #own-union values <= a score with count_le = g.
-        self.lut = torch.searchsorted(
-            union, torch.arange(grid_size + 1, device=union.device), right=False
-        )
-        self.hist = torch.zeros((stop - start) * width, dtype=torch.long, device=union.device)
 
 
 class NegativeCounter:
@@ -55,6 +45,8 @@ class NegativeCounter:
         query_group: (Q,) int64 group of each query; ``num_groups`` groups.
         boot_knot_index: optional (B,) ascending grid positions for per-query
             bootstrap counts.
+        total_pairs: size of the whole problem (decides whether to build the
+            fused CPU kernel, see ``native.should_use``).
     """
 
     def __init__(
@@ -65,70 +57,60 @@ class NegativeCounter:
         query_group: Tensor,
         num_groups: int,
         boot_knot_index: Tensor | None = None,
+        total_pairs: int = 0,
     ) -> None:
         device = grid.device
+        self.total_pairs = total_pairs
         self.lookup = GridLookup(grid)
-        self.grid_size = grid.numel()
-        self.pos_offsets = pos_offsets.to(device)
-        self.pos_grid_index = pos_grid_index.to(device)
+        self.grid_size = size = grid.numel()
         self.query_group = query_group.to(device)
         self.num_groups = num_groups
         num_queries = pos_offsets.numel() - 1
-        self.global_hist = torch.zeros(
-            num_groups * (self.grid_size + 1), dtype=torch.long, device=device
+        pos_offsets = pos_offsets.to(device)
+        pos_grid_index = pos_grid_index.to(device)
+        pos_query = torch.repeat_interleave(
+            torch.arange(num_queries, device=device), pos_offsets[1:] - pos_offsets[:-1]
         )
-        self.pos_neg_ge = torch.zeros(pos_grid_index.numel(), dtype=torch.long, device=device)
+        # Own distinct positives of each query, ascending grid position (CSR).
+        key = pos_query * (size + 1) + pos_grid_index
+        own_key = unique_sorted(key)
+        own_query = own_key // (size + 1)
+        self.own_index = (own_key % (size + 1)).contiguous()  # (U,)
+        own_counts = torch.bincount(own_query, minlength=num_queries)
+        self.own_offsets = torch.zeros(num_queries + 1, dtype=torch.long, device=device)
+        self.own_offsets[1:] = torch.cumsum(own_counts, 0)
+        # Position of each positive among its query's own distinct values.
+        self.pos_own = torch.searchsorted(own_key, key) - self.own_offsets[pos_query]
+        self.pos_query = pos_query
+        # Row histograms: query q owns bins [own_offsets[q] + q, own_offsets[q+1] + q + 1).
+        self.row_hist = torch.zeros(own_key.numel() + num_queries, dtype=torch.long, device=device)
+        self.global_hist = torch.zeros(num_groups * (size + 1), dtype=torch.long, device=device)
         self.boot_knot_index = None
+        self.boot_width = 0
         if boot_knot_index is not None:
             self.boot_knot_index = boot_knot_index.to(device)
             self.boot_lut = torch.searchsorted(
-                self.boot_knot_index, torch.arange(self.grid_size + 1, device=device)
+                self.boot_knot_index, torch.arange(size + 1, device=device)
             )
             self.boot_width = self.boot_knot_index.numel() + 1
             self.boot_hist = torch.zeros(
                 num_queries * self.boot_width, dtype=torch.long, device=device
             )
-        self._chunks: list[_RowChunk] = []
-        self._rows: tuple[int, int] | None = None
+        self._thread_hists: Tensor | None = None  # native kernel: one global hist per thread
+        self.force_native: bool | None = None  # None: by size policy; True/False: always/never
 
-    # ----------------------------------------------------------------- rows
-    def begin_rows(self, start: int, stop: int) -> None:
-        """Start a range of query rows; ``add`` then takes their score blocks."""
-        if self._rows is not None:
-            self.end_rows()
-        self._rows = (start, stop)
-        self._chunks = []
-        offsets = self.pos_offsets.tolist()
-        positions = self.pos_grid_index
-
-        def union_of(lo_row: int, hi_row: int) -> Tensor:
-            return torch.unique(positions[offsets[lo_row] : offsets[hi_row]])
-
-        row = start
-        while row < stop:
-            # Galloping growth of the chunk while its histogram fits the budget.
-            end, step = row + 1, 1
-            while end < stop and step >= 1:
-                trial = min(stop, end + step)
-                if (trial - row) * (union_of(row, trial).numel() + 1) <= _LOCAL_BUDGET:
-                    end, step = trial, step * 2
-                else:
-                    step //= 2
-            self._chunks.append(_RowChunk(row, end, union_of(row, end), self.grid_size))
-            row = end
-
-    def add(self, scores: Tensor) -> None:
-        """Count a block of negative scores (rows = the current row range).
+    def add(self, scores: Tensor, start: int) -> None:
+        """Count a block of negative scores of query rows ``start .. start + R``.
 
         Args:
             scores: (R, C) scores of negative pairs; pairs to ignore hold ``-inf``.
+            start: query index of the block's first row.
         """
-        if self._rows is None:
-            raise RuntimeError("NegativeCounter.add called outside begin_rows/end_rows")
-        start, stop = self._rows
-        if scores.shape[0] != stop - start:
-            raise ValueError(f"block has {scores.shape[0]} rows, expected {stop - start}")
         if scores.numel() == 0:
+            return
+        stop = start + scores.shape[0]
+        if self._use_native(scores):
+            self._add_native(scores, start, stop)
             return
         counts = self.lookup.count_le(scores)  # (R, C) int64 in [0, G]
         width = self.grid_size + 1
@@ -137,45 +119,88 @@ class NegativeCounter:
         else:
             keys = counts + (self.query_group[start:stop] * width).unsqueeze(1)
             self.global_hist += torch.bincount(keys.view(-1), minlength=self.global_hist.numel())
-        for chunk in self._chunks:
-            rows = slice(chunk.start - start, chunk.stop - start)
-            local = chunk.lut[counts[rows]]
-            local += (torch.arange(chunk.stop - chunk.start, device=local.device) * chunk.width)[
-                :, None
-            ]
-            chunk.hist += torch.bincount(local.view(-1), minlength=chunk.hist.numel())
+        self._add_rows_eager(counts, start, stop)
         if self.boot_knot_index is not None:
             local = self.boot_lut[counts]
             local += (torch.arange(stop - start, device=local.device) * self.boot_width)[:, None]
             part = self.boot_hist[start * self.boot_width : stop * self.boot_width]
             part += torch.bincount(local.view(-1), minlength=part.numel())
 
-    def end_rows(self) -> None:
-        """Turn the row-chunk histograms into per-positive negative counts."""
-        if self._rows is None:
+    def _add_rows_eager(self, counts: Tensor, start: int, stop: int) -> None:
+        """Per-row bins: #own distinct positives with grid position < g (batched search)."""
+        lo, hi = self.own_offsets[start], self.own_offsets[stop]
+        num_own = self.own_offsets[start + 1 : stop + 1] - self.own_offsets[start:stop]
+        width = int(num_own.max()) if num_own.numel() else 0
+        if width == 0:
             return
-        for chunk in self._chunks:
-            lo = int(self.pos_offsets[chunk.start])
-            hi = int(self.pos_offsets[chunk.stop])
-            if hi > lo:
-                ge = _suffix_sum(chunk.hist.view(chunk.stop - chunk.start, chunk.width))
-                rows = torch.repeat_interleave(
-                    torch.arange(chunk.stop - chunk.start, device=ge.device),
-                    self.pos_offsets[chunk.start + 1 : chunk.stop + 1]
-                    - self.pos_offsets[chunk.start : chunk.stop],
-                )
-                where = torch.searchsorted(chunk.union, self.pos_grid_index[lo:hi])
-                self.pos_neg_ge[lo:hi] += ge[rows, where + 1]
-        self._chunks = []
-        self._rows = None
+        rows = stop - start
+        # (R, width) own grid positions, padded with G + 1 (never < g).
+        padded = torch.full(
+            (rows, width), self.grid_size + 1, dtype=torch.long, device=counts.device
+        )
+        row_of = torch.repeat_interleave(torch.arange(rows, device=counts.device), num_own)
+        col_of = torch.arange(int(hi - lo), device=counts.device) - (
+            self.own_offsets[start:stop] - lo
+        ).repeat_interleave(num_own)
+        padded[row_of, col_of] = self.own_index[lo:hi]
+        local = torch.searchsorted(padded, counts, right=False)  # #own positions < g
+        base = self.own_offsets[start:stop] - lo + torch.arange(rows, device=counts.device)
+        keys = local + base[:, None]
+        size = int(hi - lo) + rows
+        bins = torch.bincount(keys.view(-1), minlength=size)
+        first = int(lo) + start
+        self.row_hist[first : first + size] += bins
 
-    # ---------------------------------------------------------------- finish
+    def _use_native(self, scores: Tensor) -> bool:
+        if scores.device.type != "cpu" or self.force_native is False:
+            return False
+        if self.force_native is None and (
+            scores.numel() < NATIVE_MIN_PAIRS or not native.should_use(self.total_pairs)
+        ):
+            return False
+        return native.native_kernel() is not None
+
+    def _add_native(self, scores: Tensor, start: int, stop: int) -> None:
+        if self._thread_hists is None:
+            threads = max(1, torch.get_num_threads())
+            self._thread_hists = torch.zeros(
+                threads, self.global_hist.numel(), dtype=torch.long, device=scores.device
+            )
+        boot = self.boot_knot_index is not None
+        empty = torch.zeros(1, dtype=torch.long)
+        native.native_kernel().count_block(
+            scores.contiguous(), float(self.lookup.lo), float(self.lookup.scale),
+            self.lookup.num_cells, self.lookup.bounds, self.lookup.grid,
+            self.query_group, self._thread_hists, start,
+            self.own_index, self.own_offsets, self.row_hist,
+            self.boot_lut if boot else empty, self.boot_hist if boot else empty,
+            self.boot_width,
+        )  # fmt: skip
+
     def finish(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Returns ``(pos_neg_ge (P,), grid_neg_ge (groups, G), boot_neg_ge (Q, B) | None)``."""
-        self.end_rows()
+        if self._thread_hists is not None:
+            self.global_hist += self._thread_hists.sum(0)
+            self._thread_hists = None
         hist = self.global_hist.view(self.num_groups, self.grid_size + 1)
-        grid_neg_ge = _suffix_sum(hist)[:, 1:]
+        grid_neg_ge = suffix_sum(hist)[:, 1:]
+        # Per query: negatives >= own value u = sum of the query's bins above u.
+        row_start = self.own_offsets[:-1] + torch.arange(
+            self.own_offsets.numel() - 1, device=self.row_hist.device
+        )
+        query_of_bin = torch.repeat_interleave(
+            torch.arange(row_start.numel(), device=self.row_hist.device),
+            self.own_offsets[1:] - self.own_offsets[:-1] + 1,
+        )
+        totals = torch.zeros(row_start.numel(), dtype=torch.long, device=self.row_hist.device)
+        totals.index_add_(0, query_of_bin, self.row_hist)
+        inclusive = torch.cumsum(self.row_hist, 0)  # running sum over all bins
+        # bins of query q from bin index b to its end: totals[q] - (inclusive[b-1] - before_q)
+        before_q = inclusive[row_start] - self.row_hist[row_start]
+        bin_index = row_start[self.pos_query] + self.pos_own + 1
+        below = inclusive[bin_index - 1] - before_q[self.pos_query]
+        pos_neg_ge = totals[self.pos_query] - below
         boot = None
         if self.boot_knot_index is not None:
-            boot = _suffix_sum(self.boot_hist.view(-1, self.boot_width))[:, 1:]
-        return self.pos_neg_ge, grid_neg_ge.contiguous(), boot
+            boot = suffix_sum(self.boot_hist.view(-1, self.boot_width))[:, 1:]
+        return pos_neg_ge, grid_neg_ge.contiguous(), boot

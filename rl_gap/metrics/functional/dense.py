@@ -6,7 +6,12 @@ import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional.counting import NegativeCounter
-from rl_gap.metrics.functional.state import RetrievalState, compute_dtype_for
+from rl_gap.metrics.functional.state import (
+    RetrievalState,
+    argsort_stable,
+    compute_dtype_for,
+    unique_sorted,
+)
 
 __all__ = ["state_from_scores", "check_matrix_inputs", "prepare_positives", "bootstrap_knots"]
 
@@ -61,13 +66,13 @@ def prepare_positives(
     Returns ``(order, pos_query, pos_scores, offsets (Q+1,), grid (G,), pos_grid_index)``
     where ``order`` permutes the inputs into the returned order.
     """
-    order = torch.argsort(pos_scores, descending=True, stable=True)
-    order = order[torch.argsort(pos_query[order], stable=True)]
+    order = argsort_stable(pos_scores, descending=True)
+    order = order[argsort_stable(pos_query[order])]
     pos_query, pos_scores = pos_query[order], pos_scores[order]
     counts = torch.bincount(pos_query, minlength=num_queries)
     offsets = torch.zeros(num_queries + 1, dtype=torch.long, device=pos_query.device)
     offsets[1:] = torch.cumsum(counts, 0)
-    grid, pos_grid_index = torch.unique(pos_scores, sorted=True, return_inverse=True)
+    grid, pos_grid_index = unique_sorted(pos_scores, return_inverse=True)
     return order, pos_query, pos_scores, offsets, grid, pos_grid_index
 
 
@@ -80,9 +85,9 @@ def bootstrap_knots(
     if grid_size * num_queries <= budget:
         return torch.arange(grid_size, device=pos_grid_index.device)
     count = max(1, budget // max(num_queries, 1))
-    sorted_idx = torch.sort(pos_grid_index).values
+    sorted_idx = pos_grid_index[argsort_stable(pos_grid_index)]
     picks = torch.linspace(0, sorted_idx.numel() - 1, count, device=sorted_idx.device)
-    return torch.unique(sorted_idx[picks.round().long()])
+    return unique_sorted(sorted_idx[picks.round().long()])
 
 
 def state_from_scores(
@@ -125,14 +130,14 @@ def state_from_scores(
     knots = None
     if bootstrap_budget > 0:
         knots = bootstrap_knots(pos_grid_index, grid.numel(), num_queries, bootstrap_budget)
-    counter = NegativeCounter(grid, offsets, pos_grid_index, query_group, num_groups, knots)
+    counter = NegativeCounter(
+        grid, offsets, pos_grid_index, query_group, num_groups, knots, scores.numel()
+    )
     negatives = scores.masked_fill(~(valid & ~rel), float("-inf"))
     rows_per_block = max(1, _DENSE_BLOCK // scores.shape[1])
     for start in range(0, num_queries, rows_per_block):
         stop = min(num_queries, start + rows_per_block)
-        counter.begin_rows(start, stop)
-        counter.add(negatives[start:stop])
-        counter.end_rows()
+        counter.add(negatives[start:stop], start)
     pos_neg_ge, grid_neg_ge, boot = counter.finish()
     return RetrievalState(
         num_queries, pos_scores, pos_query, pos_neg_ge, grid, pos_grid_index, grid_neg_ge,

@@ -24,7 +24,12 @@ from torch import Tensor
 
 from rl_gap.metrics.functional.counting import NegativeCounter
 from rl_gap.metrics.functional.dense import bootstrap_knots, prepare_positives
-from rl_gap.metrics.functional.state import RetrievalState, compute_dtype_for
+from rl_gap.metrics.functional.state import (
+    RetrievalState,
+    argsort_stable,
+    compute_dtype_for,
+    unique_sorted,
+)
 
 __all__ = [
     "state_from_embeddings",
@@ -156,7 +161,7 @@ def state_from_embeddings(
             q_idx.min() < 0 or q_idx.max() >= num_q or d_idx.min() < 0 or d_idx.max() >= num_d
         ):
             raise ValueError("relevant_pairs index out of range")
-        key = torch.unique(q_idx * num_d + d_idx)
+        key = unique_sorted(q_idx * num_d + d_idx)
         q_idx, d_idx = key // num_d, key % num_d
         if exclude_self:
             keep = q_idx != d_idx
@@ -171,8 +176,8 @@ def state_from_embeddings(
         d_lab = _check_labels(
             as_tensor(database_labels, "database_labels").cpu(), num_d, "database_labels"
         )
-        perm_q = torch.argsort(q_lab, stable=True)
-        perm_d = perm_q if exclude_self else torch.argsort(d_lab, stable=True)
+        perm_q = argsort_stable(q_lab)
+        perm_d = perm_q if exclude_self else argsort_stable(d_lab)
         if exclude_self and not bool((q_lab == d_lab).all()):
             raise ValueError("exclude_self needs query_labels == database_labels")
         q_idx, d_idx = positive_pairs_from_labels(q_lab[perm_q], d_lab[perm_d], exclude_self)
@@ -191,7 +196,7 @@ def state_from_embeddings(
 
     n_col_blocks = len(col_blocks)
     block_id = (q_idx // rows_step) * n_col_blocks + d_idx // cols_step
-    order = torch.argsort(block_id, stable=True)
+    order = argsort_stable(block_id)
     q_idx, d_idx, block_id = q_idx[order], d_idx[order], block_id[order]
     ids, counts = torch.unique_consecutive(block_id, return_counts=True)
     bounds = torch.cumsum(counts, 0).tolist()
@@ -237,11 +242,10 @@ def state_from_embeddings(
         if bootstrap_budget > 0:
             knots = bootstrap_knots(pos_grid_index, grid.numel(), num_q, bootstrap_budget)
         counter = NegativeCounter(
-            grid, offsets, pos_grid_index, group_sorted.to(device), num_groups, knots
+            grid, offsets, pos_grid_index, group_sorted.to(device), num_groups, knots, num_q * num_d
         )
         # ---- step 2: every block, negatives only
         for rb, (r0, r1) in enumerate(row_blocks):
-            counter.begin_rows(r0, r1)
             q_blk = query_block(r0, r1)
             for cb, (c0, c1) in enumerate(col_blocks):
                 bid = rb * n_col_blocks + cb
@@ -253,13 +257,12 @@ def state_from_embeddings(
                         block[rows, cols] = float("-inf")
                     if exclude_self and r0 < c1 and c0 < r1:
                         block.diagonal(r0 - c0).fill_(float("-inf"))
-                counter.add(block)
-            counter.end_rows()
+                counter.add(block, r0)
         pos_neg_ge, grid_neg_ge, boot = counter.finish()
 
     # ---- back to the caller's query order
     orig_query = perm_q.to(device)[pos_query]
-    back = torch.argsort(orig_query, stable=True)
+    back = argsort_stable(orig_query.cpu()).to(device)
     num_pos = torch.bincount(orig_query, minlength=num_q)
     num_negatives = num_d - num_pos - (1 if exclude_self else 0)
     if boot is not None:

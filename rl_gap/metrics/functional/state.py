@@ -17,10 +17,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["RetrievalState", "GridLookup", "tie_group_end", "compute_dtype_for"]
+__all__ = [
+    "RetrievalState",
+    "GridLookup",
+    "tie_group_end",
+    "compute_dtype_for",
+    "argsort_stable",
+    "unique_sorted",
+]
+
+
+# torch's parallel CPU sort/unique degrade badly when cores are oversubscribed
+# (measured here: 0.7 s vs 0.01 s for 7e4 int64 with 2 threads under load), so
+# CPU tensors go through numpy, which sorts single-threaded.
+def argsort_stable(x: Tensor, descending: bool = False) -> Tensor:
+    """Stable argsort of a 1-D tensor (ties keep their input order)."""
+    if x.device.type != "cpu":
+        return torch.argsort(x, descending=descending, stable=True)
+    values = x.numpy()
+    if descending:
+        values = -values if x.dtype.is_floating_point else -(values.astype(np.int64))
+    return torch.from_numpy(np.argsort(values, kind="stable"))
+
+
+def unique_sorted(x: Tensor, return_inverse: bool = False):
+    """Sorted distinct values of a 1-D tensor (and the inverse index)."""
+    if x.device.type != "cpu":
+        return torch.unique(x, sorted=True, return_inverse=return_inverse)
+    if return_inverse:
+        values, inverse = np.unique(x.numpy(), return_inverse=True)
+        return torch.from_numpy(values), torch.from_numpy(inverse.astype(np.int64))
+    return torch.from_numpy(np.unique(x.numpy()))
 
 
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
@@ -85,7 +116,10 @@ class GridLookup:
         counts = torch.bincount(cells, minlength=self.num_cells + 2)
         self.occupied = counts > 0
         base = torch.cumsum(counts, 0) - counts
-        self.base = base.to(torch.int32 if size < 2**31 - 1 else torch.int64)
+        index_dtype = torch.int32 if size < 2**31 - 1 else torch.int64
+        self.base = base.to(index_dtype)
+        # base with a closing entry G: cell c holds grid positions [bounds[c], bounds[c+1]).
+        self.bounds = torch.cat([base, base.new_full((1,), size)]).to(index_dtype)
 
     def cell(self, x: Tensor) -> Tensor:
         """Cell index in [0, num_cells + 1] (0: below the grid, last: at/after its top)."""
