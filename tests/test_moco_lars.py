@@ -60,3 +60,30 @@ def test_lars_zero_weights_use_unit_ratio_and_registry():
     assert {g["weight_decay"] for g in built.param_groups} == {1e-6, 0.0}
     with pytest.raises(ValueError, match="invalid LARS"):
         LARS([w], lr=-1.0)
+
+
+def test_resnet_moco_step_with_lars_leaves_momentum_encoder_alone():
+    from rl_gap.modules.moco_v3 import MoCoV3Module
+
+    torch.manual_seed(0)
+    module = MoCoV3Module(
+        backbone="resnet10t",
+        backbone_kwargs={"in_chans": 1},
+        hidden_dim=32,
+        embed_dim=8,
+        optimizer="lars",
+        lr=0.3,
+        weight_decay=1e-6,
+        loss={"name": "infonce", "temperature": 1.0, "symmetric": False},
+    )
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert isinstance(optimizer, LARS)
+    assert module.loss_scale_value() == pytest.approx(2.0)  # 2τ at MoCo v3's ResNet τ = 1
+    online_before = [p.detach().clone() for p in module.online.parameters()]
+    momentum_before = [p.detach().clone() for p in module.momentum_encoder.parameters()]
+    loss = module.two_view_loss(torch.randn(4, 1, 32, 32), torch.randn(4, 1, 32, 32))
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(online_before, module.online.parameters()))
+    for a, b in zip(momentum_before, module.momentum_encoder.parameters()):
+        assert torch.equal(a, b)

@@ -22,9 +22,11 @@ gradient averaging does in MoCo v3.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.nn import functional as F
 from torchmetrics.utilities import dim_zero_cat
 
@@ -269,7 +271,15 @@ class MoCoV3Module(RankingModule):
 
     def on_train_start(self) -> None:
         self._momentum_step = int(self.trainer.global_step)
-        self._total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            if self.momentum_schedule == "cosine":
+                raise ValueError(
+                    "the cosine momentum schedule needs a finite run: set trainer.max_epochs "
+                    "or trainer.max_steps"
+                )
+            total = 1
+        self._total_steps = max(1, int(total))
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Update once per optimizer step: with gradient accumulation most
@@ -296,6 +306,10 @@ class MoCoV3Module(RankingModule):
 
     def on_validation_epoch_end(self) -> None:
         if self.knn.is_empty("bank") or self.knn.is_empty("query"):
+            rank_zero_warn(
+                "MoCoV3Module evaluates with two validation loaders, [kNN bank, queries]; "
+                "one is missing or empty, so no kNN/retrieval metrics are logged"
+            )
             self.knn.reset()
             return
         accuracy = self.knn.compute()
