@@ -122,7 +122,9 @@ def positive_scores(
 def _pairs(args, n_queries: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
     if args.positive_query:
         owner = torch.as_tensor(
-            np.asarray(load_array(args.positive_query, "--positive-query", "(P,) ints"))
+            np.array(
+                load_array(args.positive_query, "--positive-query", "(P,) ints")
+            )  # copy: memory maps are read-only
         ).long()
         if owner.shape != (n_pos,) or (
             owner.numel() and (owner.min() < 0 or owner.max() >= n_queries)
@@ -131,10 +133,14 @@ def _pairs(args, n_queries: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor
         return owner, torch.arange(n_pos)
     if args.query_labels and args.positive_labels:
         ql = torch.as_tensor(
-            np.asarray(load_array(args.query_labels, "--query-labels", "(Q,) labels"))
+            np.array(
+                load_array(args.query_labels, "--query-labels", "(Q,) labels")
+            )  # copy: memory maps are read-only
         )
         pl = torch.as_tensor(
-            np.asarray(load_array(args.positive_labels, "--positive-labels", "(P,) labels"))
+            np.array(
+                load_array(args.positive_labels, "--positive-labels", "(P,) labels")
+            )  # copy: memory maps are read-only
         )
         if ql.shape != (n_queries,) or pl.shape != (n_pos,):
             raise ValueError(
