@@ -28,6 +28,7 @@ from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
     compute_dtype_for,
+    torch_threads,
     unique_sorted,
 )
 
@@ -100,7 +101,16 @@ def _blocks(size: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(size, s + step)) for s in range(0, size, step)]
 
 
-def state_from_embeddings(
+def state_from_embeddings(*args, **kwargs) -> RetrievalState:
+    """Exact retrieval state from embeddings (see ``_state_from_embeddings`` for the
+    arguments). Bookkeeping runs on one CPU thread; the GEMM blocks and the counting
+    kernel use torch's configured threads."""
+    threads = torch.get_num_threads()
+    with torch_threads(1):
+        return _state_from_embeddings(*args, heavy_threads=threads, **kwargs)
+
+
+def _state_from_embeddings(
     queries,
     database=None,
     query_labels=None,
@@ -115,6 +125,7 @@ def state_from_embeddings(
     bootstrap_budget: int = 0,
     cache_bytes: int = 256 << 20,
     validated: bool = False,
+    heavy_threads: int = 1,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -130,6 +141,7 @@ def state_from_embeddings(
         bootstrap_budget: per-query knot counts kept for the gAP bootstrap (0: none).
         cache_bytes: memory for keeping positive blocks between the two steps.
         validated: skip the NaN/inf scan of the embeddings (the caller did it).
+        heavy_threads: CPU threads for the GEMM blocks and the counting kernel.
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
@@ -192,7 +204,8 @@ def state_from_embeddings(
 
     def gemm(r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None) -> Tensor:
         q_blk = query_block(r0, r1) if q_blk is None else q_blk
-        return q_blk @ db_dev[c0:c1].T
+        with torch_threads(heavy_threads):
+            return q_blk @ db_dev[c0:c1].T
 
     n_col_blocks = len(col_blocks)
     block_id = (q_idx // rows_step) * n_col_blocks + d_idx // cols_step
@@ -257,7 +270,8 @@ def state_from_embeddings(
                         block[rows, cols] = float("-inf")
                     if exclude_self and r0 < c1 and c0 < r1:
                         block.diagonal(r0 - c0).fill_(float("-inf"))
-                counter.add(block, r0)
+                with torch_threads(heavy_threads):
+                    counter.add(block, r0)
         pos_neg_ge, grid_neg_ge, boot = counter.finish()
 
     # ---- back to the caller's query order

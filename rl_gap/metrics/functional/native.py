@@ -70,7 +70,8 @@ static void count_impl(
         if (!(s >= lo)) continue;  // below every grid value (or -inf): counts nowhere
         scalar_t x = (s - lo) * scale;
         x = x > top ? top : x;
-        const int64_t cell = static_cast<int64_t>(std::floor(x)) + 1;
+        // x >= 0 here, so truncation == floor (no libm call); same cell as GridLookup.cell.
+        const int64_t cell = static_cast<int64_t>(x) + 1;
         int64_t g = static_cast<int64_t>(B[cell]);
         const int64_t end = static_cast<int64_t>(B[cell + 1]);
         while (g < end && GR[g] <= s) ++g;  // exact count of grid values <= s
@@ -121,7 +122,7 @@ _module = None
 _failed = False
 
 
-_NAME = "rl_gap_count_block_v2"
+_NAME = "rl_gap_count_block_v3"
 AUTO_BUILD_PAIRS = 1 << 27  # problems this large pay for a one-time build (~1-3 min)
 
 

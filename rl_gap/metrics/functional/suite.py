@@ -11,7 +11,7 @@ from rl_gap.metrics.functional.ceiling import consistency_ceiling
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import as_tensor, check_embeddings, state_from_embeddings
 from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
-from rl_gap.metrics.functional.state import RetrievalState
+from rl_gap.metrics.functional.state import RetrievalState, torch_threads
 
 __all__ = ["evaluate_embeddings", "evaluate_scores", "metrics_from_state", "query_groups"]
 
@@ -28,7 +28,14 @@ def query_groups(has_positive: Tensor, protocol_half: Tensor | None) -> tuple[Te
     return group, 2
 
 
-def metrics_from_state(
+def metrics_from_state(*args, **kwargs) -> dict[str, float]:
+    """Every metric from one state (``_metrics_from_state``), on one CPU thread
+    (small ops; see ``torch_threads``)."""
+    with torch_threads(1):
+        return _metrics_from_state(*args, **kwargs)
+
+
+def _metrics_from_state(
     state: RetrievalState,
     ks: tuple[int, ...] = (1, 5, 10),
     precisions: tuple[float, ...] = (0.9,),
