@@ -99,6 +99,8 @@ class RetrievalEvaluation(Callback):
         protocol_seed: seed of the class split of the threshold protocol.
         block_size: GEMM block of the metric engine.
         max_plot_points: PR-curve points kept for plotting.
+        max_dense_pairs: limit of the dense path used when the queries are a
+            subset of the evaluation set (``queries_per_class``).
     """
 
     def __init__(
@@ -110,12 +112,14 @@ class RetrievalEvaluation(Callback):
         protocol_seed: int = 0,
         block_size: int = 2048,
         max_plot_points: int = 2000,
+        max_dense_pairs: int = 200_000_000,
     ) -> None:
         self.plots = plots
         self.map_at, self.ks, self.precision = tuple(map_at), tuple(ks), precision
         self.protocol_seed = protocol_seed
         self.block_size = block_size
         self.max_plot_points = max_plot_points
+        self.max_dense_pairs = max_dense_pairs
         self._outputs: list[dict[str, torch.Tensor]] = []
         self.last_metrics: dict[str, float] = {}
 
@@ -182,7 +186,9 @@ class RetrievalEvaluation(Callback):
             if emb.shape[0] < 2:
                 raise ValueError(f"{stage}: need at least 2 embedded items, got {emb.shape[0]}")
             queries = self._query_positions(trainer, stage, indices)
-            state = retrieval_state(emb, labels, queries, self.protocol_seed, self.block_size)
+            state = retrieval_state(
+                emb, labels, queries, self.protocol_seed, self.block_size, self.max_dense_pairs
+            )
             metrics = metrics_from_state(
                 state, self.ks, (self.precision,), self.map_at, ceiling=False, protocol=True
             )

@@ -188,13 +188,18 @@ class MetricLearningDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------ dataloaders
     def _world(self) -> tuple[int, int]:
-        trainer = self._trainer if hasattr(self, "_trainer") else None
+        trainer = getattr(self, "trainer", None)
         if trainer is None:
             return 1, 0
         return trainer.world_size, trainer.global_rank
 
     def train_dataloader(self) -> DataLoader:
         world, rank = self._world()
+        if world > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
+            raise ValueError(
+                "set trainer.use_distributed_sampler=false: the m-per-class batch sampler "
+                "already gives every rank its slice of the global batch"
+            )
         dataset = self.datasets["train"]
         sampler = MPerClassBatchSampler(
             dataset.labels,
