@@ -115,6 +115,7 @@ def test_rank_reductions_merge_sharded_states_exactly():
     merged = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="evt", n_boot=200)
     for attr, fx in merged._reductions.items():
         setattr(merged, attr, fx(torch.stack([getattr(m, attr) for m in ranks])))
+    merged._update_count = 1  # states were set by hand, as a sync would
     single = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="evt", n_boot=200)
     single.update(queries=q, positives=p, positive_query=owner)
     single.update(distractors=x, distractor_ids=ids)
