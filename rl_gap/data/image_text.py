@@ -194,8 +194,8 @@ def webdataset_pairs(
 ) -> torch.utils.data.IterableDataset:
     """Pairs streamed from WebDataset tar shards (``.jpg``/``.png`` + ``.txt``).
 
-    Each rank sees ``ceil(num_samples / (world_size · batch_size))`` full
-    batches per epoch, so DDP ranks always step together (as open_clip does
+    Each rank sees ``ceil(num_samples / (world_size · batch_size · workers))
+    · workers`` full batches per epoch, so DDP ranks always step together (as open_clip does
     with ``--train-num-samples``). Shards are split over ranks and workers and
     cycled (``resampled=False``) or sampled with replacement
     (``resampled=True``); an epoch is therefore ``num_samples`` draws, not an
@@ -216,8 +216,10 @@ def webdataset_pairs(
         )
     if num_samples < 1 or batch_size < 1:
         raise ValueError(f"num_samples and batch_size must be ≥ 1, got {num_samples}, {batch_size}")
-    batches_per_rank = math.ceil(num_samples / (world_size * batch_size))
-    samples_per_worker = math.ceil(batches_per_rank * batch_size / max(1, num_workers))
+    # Each worker yields whole batches, so every rank steps the same number of times.
+    workers = max(1, num_workers)
+    batches_per_worker = math.ceil(num_samples / (world_size * batch_size * workers))
+    samples_per_worker = batches_per_worker * batch_size
 
     def to_sample(item: tuple[Image.Image, str, str]) -> dict[str, Any]:
         image, caption, key = item
@@ -238,7 +240,7 @@ def webdataset_pairs(
         .to_tuple("jpg;jpeg;png;webp", "txt", "__key__")
         .map(to_sample)
         .with_epoch(samples_per_worker)  # cycles the worker's shards, cut at this count
-        .with_length(batches_per_rank * batch_size)
+        .with_length(samples_per_worker * workers)
     )
     return pipeline
 
