@@ -4,7 +4,7 @@ One step = similarity matmul of a square batch (B × d embeddings, 4 samples per
 class) + loss forward + backward to the embeddings. Reported as ratios to the
 InfoNCE step (``F.cross_entropy(emb @ emb.T / τ, arange(B))``) measured in the
 same process, best of ``--repeats``. With ``--memory`` every configuration
-runs in a fresh subprocess and reports its peak resident-set growth (CPU).
+runs in a fresh subprocess and reports its peak resident-set growth (Linux CPU).
 """
 
 from __future__ import annotations
@@ -30,11 +30,16 @@ def make_batch(batch: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch
 
 
 def step(kind: str, emb: torch.Tensor, labels: torch.Tensor, tau: float) -> None:
-    """One forward + backward of ``kind`` in {infonce, fast, exact}."""
+    """One forward + backward of ``kind`` in {infonce, fast, fast_flat, exact}."""
     emb = emb.detach().requires_grad_()
     sim = emb @ emb.T
     if kind == "infonce":
         loss = F.cross_entropy(sim / tau, torch.arange(emb.shape[0]))
+    elif kind == "fast_flat":  # the whole matrix as a flat view + valid mask: no sim[valid] copy
+        valid = ~torch.eye(emb.shape[0], dtype=torch.bool)
+        relevant = labels[:, None] == labels[None, :]
+        flat = sim.reshape(-1)
+        loss = 1.0 - smoothed_ap_fast(flat, relevant.reshape(-1), tau, valid=valid.reshape(-1))
     else:
         valid = ~torch.eye(emb.shape[0], dtype=torch.bool)
         scores = sim[valid]
@@ -57,16 +62,21 @@ def best_time(kind: str, emb, labels, tau: float, repeats: int) -> float:
 
 
 def peak_rss_mib(kind: str, batch: int, dim: int, tau: float) -> float:
-    """Peak RSS growth (MiB) of one step in a fresh interpreter."""
+    """Peak RSS growth (MiB) of one step in a fresh interpreter (Linux: VmHWM reset via clear_refs)."""
     code = (
-        "import resource, torch\n"
+        "import torch\n"
         "from rl_gap.losses.fast_bench import make_batch, step\n"
         f"torch.set_num_threads({torch.get_num_threads()})\n"
         f"emb, lab = make_batch({batch}, {dim})\n"
         f"step('{kind}', emb[:8], lab[:8], {tau})\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "def status(key):\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith(key):\n"
+        "            return int(line.split()[1])\n"
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        "base = status('VmRSS')\n"
         f"step('{kind}', emb, lab, {tau})\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)\n"
+        "print((status('VmHWM') - base) / 1024)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -91,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             base = best_time("infonce", emb, labels, tau, args.repeats)
             row = {"B": batch, "tau": tau, "infonce_s": round(base, 4)}
             row["fast_x"] = round(best_time("fast", emb, labels, tau, args.repeats) / base, 2)
+            flat = best_time("fast_flat", emb, labels, tau, args.repeats)
+            row["fast_flat_x"] = round(flat / base, 2)
             if args.exact:
                 row["exact_x"] = round(best_time("exact", emb, labels, tau, 1) / base, 2)
             if args.memory:
                 mem_ref = peak_rss_mib("infonce", batch, args.dim, tau)
                 row["infonce_MiB"] = round(mem_ref, 1)
                 row["fast_MiB"] = round(peak_rss_mib("fast", batch, args.dim, tau), 1)
+                row["fast_flat_MiB"] = round(peak_rss_mib("fast_flat", batch, args.dim, tau), 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return 0

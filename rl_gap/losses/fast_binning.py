@@ -18,7 +18,7 @@ import torch
 
 from rl_gap.losses.fast_grid import GridPlan
 
-CHUNK_ELEMENTS = 1 << 18
+CHUNK_ELEMENTS = 1 << 16
 # Devices whose scatter_add_ handles complex128 (two float64 moments per add).
 PAIRED_SCATTER_DEVICES = ("cpu",)
 

@@ -8,8 +8,12 @@ M items: P × M sigmoids. Here every quantity is a *kernel sum*
     E_w(x) = sum_{i in P} w_i σ'((x − s_i)/τ)     (w = a or b, below)
 
 (the j = i terms σ(0) = 1/2 and σ'(0) = 1/4 are included; see the gradient),
-evaluated with the two-level grid of ``fast_grid``: O(M) binning passes
-(no sort), O(P · U τ / h_c) band work, O(G) grid work, never O(P × M).
+evaluated with the two-level grid of ``fast_grid`` / ``fast_binning``: a few
+O(M) elementwise passes and scatter/gathers (no sort), an O(G log G) FFT
+correlation on the coarse grid (G ≈ score window / (τ/2^k) cells, at most a
+few 10^4 for cosine scores at τ = 1e-4), O(P) per positive; never O(P × M).
+Memory: O(G) tables plus fixed-size chunk buffers (no M-sized temporaries
+besides the gradient itself).
 
 Gradient. With a_i = 1/R_A(i) and b_i = −R_P(i)/R_A(i)²,
 
