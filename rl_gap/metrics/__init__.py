@@ -10,6 +10,7 @@ from rl_gap.metrics.retrieval import (
     RetrievalMetrics,
     ThresholdProtocol,
 )
+from rl_gap.metrics.tail import TailExtrapolatedMAP  # tail extrapolation (DESIGN §3)
 
 __all__ = [
     "GlobalAP",
@@ -17,5 +18,6 @@ __all__ = [
     "RecallAtK",
     "RecallAtPrecision",
     "RetrievalMetrics",
+    "TailExtrapolatedMAP",
     "ThresholdProtocol",
 ]
