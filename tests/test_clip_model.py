@@ -257,3 +257,20 @@ def test_fill_template_and_batch_errors():
         module.global_similarity({"image": torch.randn(2, 3, 32, 32), "text": CAPTIONS[:2]})
     with pytest.raises(ValueError, match=r"\(B, 3, H, W\)"):
         module.clip.encode_image(torch.randn(2, 32, 32))
+
+
+def test_export_open_clip_round_trip_carries_the_learnt_scale(tmp_path):
+    module = tiny_module(loss={"name": "infonce", "learnable_scale": True, "temperature": 0.25})
+    with torch.no_grad():
+        module.loss_fn.log_logit_scale.fill_(math.log(7.0))
+    path = tmp_path / "export.pt"
+    module.export_open_clip(str(path))
+    loaded = CLIPEncoder(None, tiny_clip_config(), pretrained=str(path))
+    assert loaded.pretrained_logit_scale == pytest.approx(math.log(7.0))
+    # open_clip itself reads the export.
+    model = open_clip.model.CLIP(**tiny_clip_config())
+    model.load_state_dict(torch.load(path, weights_only=True))
+    tokens = module.clip.tokenize(CAPTIONS)
+    torch.testing.assert_close(
+        F.normalize(model.encode_text(tokens), dim=-1), module.clip.encode_text(tokens)
+    )
