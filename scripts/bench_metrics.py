@@ -95,43 +95,40 @@ def _scores_case(num_q: int, num_d: int) -> None:
 
     from rl_gap.metrics.functional import evaluate_scores
 
-    if True:
-        scores, rel = scores_problem(num_q, num_d)
-        s_np, r_np = scores.numpy(), rel.numpy()
-        pairs = num_q * num_d
-        ours, t_ours, m_ours = measure(lambda: evaluate_scores(scores, rel, ceiling=False))
-        rows = [("ours: evaluate_scores (gAP,mAP,R@k,R@P90,F1)", t_ours, m_ours, ours["gap"])]
-        v, t, m = measure(lambda: average_precision_score(r_np.ravel(), s_np.ravel()))
-        rows.append(("sklearn average_precision_score (gAP)", t, m, v))
+    scores, rel = scores_problem(num_q, num_d)
+    s_np, r_np = scores.numpy(), rel.numpy()
+    pairs = num_q * num_d
+    ours, t_ours, m_ours = measure(lambda: evaluate_scores(scores, rel, ceiling=False))
+    rows = [("ours: evaluate_scores (gAP,mAP,R@k,R@P90,F1)", t_ours, m_ours, ours["gap"])]
+    v, t, m = measure(lambda: average_precision_score(r_np.ravel(), s_np.ravel()))
+    rows.append(("sklearn average_precision_score (gAP)", t, m, v))
 
-        def sk_both():
-            per_row = [
-                average_precision_score(r_np[i], s_np[i]) for i in range(num_q) if r_np[i].any()
-            ]
-            return average_precision_score(r_np.ravel(), s_np.ravel()), float(np.mean(per_row))
+    def sk_both():
+        per_row = [average_precision_score(r_np[i], s_np[i]) for i in range(num_q) if r_np[i].any()]
+        return average_precision_score(r_np.ravel(), s_np.ravel()), float(np.mean(per_row))
 
-        (g_sk, m_sk), t, m = measure(sk_both)
-        rows.append(("sklearn gAP + per-row mAP", t, m, g_sk))
-        assert abs(g_sk - ours["gap"]) < 1e-9 and abs(m_sk - ours["map"]) < 1e-9
+    (g_sk, m_sk), t, m = measure(sk_both)
+    rows.append(("sklearn gAP + per-row mAP", t, m, g_sk))
+    assert abs(g_sk - ours["gap"]) < 1e-9 and abs(m_sk - ours["map"]) < 1e-9
 
-        def tm_binary():
-            metric = BinaryAveragePrecision(thresholds=None)
-            metric.update(scores.ravel(), rel.ravel().long())
-            return float(metric.compute())
+    def tm_binary():
+        metric = BinaryAveragePrecision(thresholds=None)
+        metric.update(scores.ravel(), rel.ravel().long())
+        return float(metric.compute())
 
-        v, t, m = measure(tm_binary)
-        rows.append(("torchmetrics BinaryAveragePrecision (gAP)", t, m, v))
+    v, t, m = measure(tm_binary)
+    rows.append(("torchmetrics BinaryAveragePrecision (gAP)", t, m, v))
 
-        def tm_retrieval():
-            metric = RetrievalMAP()
-            idx = torch.arange(num_q)[:, None].expand(num_q, num_d)
-            metric.update(scores.ravel(), rel.ravel(), indexes=idx.ravel())
-            return float(metric.compute())
+    def tm_retrieval():
+        metric = RetrievalMAP()
+        idx = torch.arange(num_q)[:, None].expand(num_q, num_d)
+        metric.update(scores.ravel(), rel.ravel(), indexes=idx.ravel())
+        return float(metric.compute())
 
-        v, t, m = measure(tm_retrieval)
-        rows.append(("torchmetrics RetrievalMAP (mAP)", t, m, v))
-        for name, t, m, v in rows:
-            print(f"{pairs:>8.0e} {name:<44} {t:>8.2f} {m:>8.0f} {t / t_ours:>13.2f}  {v:.6f}")
+    v, t, m = measure(tm_retrieval)
+    rows.append(("torchmetrics RetrievalMAP (mAP)", t, m, v))
+    for name, t, m, v in rows:
+        print(f"{pairs:>8.0e} {name:<44} {t:>8.2f} {m:>8.0f} {t / t_ours:>13.2f}  {v:.6f}")
 
 
 def part_embeddings(sizes, block: int):
@@ -147,38 +144,37 @@ def part_embeddings(sizes, block: int):
 def _embeddings_case(n: int, block: int) -> None:
     from rl_gap.metrics.functional import evaluate_embeddings
 
-    if True:
-        g = torch.Generator().manual_seed(1)
-        classes = n // 8
-        labels = torch.randint(0, classes, (n,), generator=g)
-        centers = torch.randn(classes, 128, generator=g)
-        x = torch.nn.functional.normalize(
-            centers[labels] + 1.2 * torch.randn(n, 128, generator=g), dim=1
-        )
+    g = torch.Generator().manual_seed(1)
+    classes = n // 8
+    labels = torch.randint(0, classes, (n,), generator=g)
+    centers = torch.randn(classes, 128, generator=g)
+    x = torch.nn.functional.normalize(
+        centers[labels] + 1.2 * torch.randn(n, 128, generator=g), dim=1
+    )
 
-        def gemm():
-            total = 0.0
-            for r in range(0, n, block):
-                q = x[r : r + block]
-                for c in range(0, n, block):
-                    total += float((q @ x[c : c + block].T)[0, 0])
-            return total
+    def gemm():
+        total = 0.0
+        for r in range(0, n, block):
+            q = x[r : r + block]
+            for c in range(0, n, block):
+                total += float((q @ x[c : c + block].T)[0, 0])
+        return total
 
-        _, t_gemm, m_gemm = measure(gemm)
-        out, t_ours, m_ours = measure(
-            lambda: evaluate_embeddings(
-                x, x, labels, labels, exclude_self=True, ceiling=False, block_size=block
-            )
+    _, t_gemm, m_gemm = measure(gemm)
+    out, t_ours, m_ours = measure(
+        lambda: evaluate_embeddings(
+            x, x, labels, labels, exclude_self=True, ceiling=False, block_size=block
         )
-        print(
-            f"{n * n:>8.0e} {'bare GEMM (blocked, same blocks)':<44} {t_gemm:>8.2f} {m_gemm:>8.0f} {1.0:>8.2f}"
-        )
-        print(
-            f"{n * n:>8.0e} {'ours: evaluate_embeddings (full suite)':<44} {t_ours:>8.2f} {m_ours:>8.0f} {t_ours / t_gemm:>8.2f}"
-        )
-        print(
-            f"         gap={out['gap']:.4f} map={out['map']:.4f} r@1={out['r@1']:.4f} r@p90={out['r@p90']:.4f}"
-        )
+    )
+    print(
+        f"{n * n:>8.0e} {'bare GEMM (blocked, same blocks)':<44} {t_gemm:>8.2f} {m_gemm:>8.0f} {1.0:>8.2f}"
+    )
+    print(
+        f"{n * n:>8.0e} {'ours: evaluate_embeddings (full suite)':<44} {t_ours:>8.2f} {m_ours:>8.0f} {t_ours / t_gemm:>8.2f}"
+    )
+    print(
+        f"         gap={out['gap']:.4f} map={out['map']:.4f} r@1={out['r@1']:.4f} r@p90={out['r@p90']:.4f}"
+    )
 
 
 def main() -> None:

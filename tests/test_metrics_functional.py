@@ -273,3 +273,21 @@ def test_nan_at_invalid_pairs_is_ignored():
     noisy = scores.clone()
     noisy[~valid] = float("nan")
     assert float(global_ap(noisy, rel, valid)) == float(global_ap(scores, rel, valid))
+
+
+def test_protocol_and_ceiling_wrappers_match_suite():
+    from rl_gap.metrics.functional import consistency_ceiling, threshold_protocol
+
+    g = torch.Generator().manual_seed(9)
+    labels = torch.randint(0, 6, (30,), generator=g)
+    scores = torch.round(torch.rand(30, 30, generator=g, dtype=torch.float64) * 20) / 20
+    scores = scores + (labels[:, None] == labels[None]).double() * 0.5
+    rel = labels[:, None] == labels[None]
+    valid = ~torch.eye(30, dtype=torch.bool)
+    suite = evaluate_scores(scores, rel, valid, query_labels=labels, ceiling=True)
+    proto = threshold_protocol(scores, rel, valid, query_labels=labels)
+    for key in ("f1g", "r@p90", "f1q"):
+        assert float(proto[key]) == pytest.approx(suite[f"protocol_{key}"], abs=1e-12)
+    ceiling = consistency_ceiling(scores, rel, valid)
+    assert float(ceiling["ceiling"]) == pytest.approx(suite["ceiling"], abs=1e-12)
+    assert float(ceiling["efficiency"]) == pytest.approx(suite["efficiency"], abs=1e-12)

@@ -7,17 +7,19 @@
 """
 
 from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
-from rl_gap.metrics.functional.ceiling import consistency_ceiling
+from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import state_from_embeddings
 from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
 from rl_gap.metrics.functional.retrieval import (
+    consistency_ceiling,
     global_ap,
     global_f1,
     mean_ap,
     per_query_f1,
     recall_at_k,
     recall_at_precision,
+    threshold_protocol,
 )
 from rl_gap.metrics.functional.state import RetrievalState
 from rl_gap.metrics.functional.suite import evaluate_embeddings, evaluate_scores, metrics_from_state
@@ -25,12 +27,14 @@ from rl_gap.metrics.functional.suite import evaluate_embeddings, evaluate_scores
 __all__ = [
     "RetrievalState",
     "bootstrap_from_state",
+    "ceiling_from_state",
     "consistency_ceiling",
     "evaluate_embeddings",
     "evaluate_scores",
     "metrics_from_state",
     "split_classes",
     "state_from_embeddings",
+    "threshold_protocol",
     "threshold_protocol_from_state",
     "global_ap",
     "global_f1",

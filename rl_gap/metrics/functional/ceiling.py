@@ -25,8 +25,6 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from rl_gap.metrics.functional.state import RetrievalState
 
@@ -35,7 +33,7 @@ __all__ = [
     "interleaving_ap",
     "ratio_rule_ap",
     "greedy_ap",
-    "consistency_ceiling",
+    "ceiling_from_state",
 ]
 
 
@@ -107,7 +105,7 @@ def greedy_ap(chains: list[np.ndarray]) -> float:
     return interleaving_ap(np.asarray(out, dtype=np.int64))
 
 
-def consistency_ceiling(state: RetrievalState) -> dict[str, float]:
+def ceiling_from_state(state: RetrievalState) -> dict[str, float]:
     """C = max(ratio rule, greedy) — a lower bound on the best interleaving's gAP.
 
     Returns ``{"ceiling", "ceiling_rule", "ceiling_greedy"}`` (NaN without positives).
@@ -117,8 +115,3 @@ def consistency_ceiling(state: RetrievalState) -> dict[str, float]:
     rule = ratio_rule_ap(chains)
     greedy = greedy_ap(chains)
     return {"ceiling": max(rule, greedy), "ceiling_rule": rule, "ceiling_greedy": greedy}
-
-
-def consistency_ceiling_tensor(state: RetrievalState) -> Tensor:
-    """``consistency_ceiling(state)["ceiling"]`` as a 0-d float64 tensor."""
-    return torch.tensor(consistency_ceiling(state)["ceiling"], dtype=torch.float64)

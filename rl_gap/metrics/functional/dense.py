@@ -10,6 +10,7 @@ from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
     compute_dtype_for,
+    torch_threads,
     unique_sorted,
 )
 
@@ -90,13 +91,22 @@ def bootstrap_knots(
     return unique_sorted(sorted_idx[picks.round().long()])
 
 
-def state_from_scores(
+def state_from_scores(*args, **kwargs) -> RetrievalState:
+    """Exact retrieval state of a materialised matrix (``_state_from_scores``);
+    bookkeeping on one CPU thread, counting with torch's configured threads."""
+    threads = torch.get_num_threads()
+    with torch_threads(1):
+        return _state_from_scores(*args, heavy_threads=threads, **kwargs)
+
+
+def _state_from_scores(
     scores: Tensor,
     rel: Tensor,
     valid: Tensor | None = None,
     query_group: Tensor | None = None,
     num_groups: int = 1,
     bootstrap_budget: int = 0,
+    heavy_threads: int = 1,
 ) -> RetrievalState:
     """Exact retrieval state of a materialised matrix.
 
@@ -108,6 +118,7 @@ def state_from_scores(
         num_groups: number of query groups.
         bootstrap_budget: entries of per-query knot counts to keep for the gAP
             bootstrap (0: none).
+        heavy_threads: CPU threads for the counting kernel.
     """
     scores, rel, valid = check_matrix_inputs(scores, rel, valid)
     scores = scores.to(compute_dtype_for(scores.dtype))
@@ -137,7 +148,8 @@ def state_from_scores(
     rows_per_block = max(1, _DENSE_BLOCK // scores.shape[1])
     for start in range(0, num_queries, rows_per_block):
         stop = min(num_queries, start + rows_per_block)
-        counter.add(negatives[start:stop], start)
+        with torch_threads(heavy_threads):
+            counter.add(negatives[start:stop], start)
     pos_neg_ge, grid_neg_ge, boot = counter.finish()
     return RetrievalState(
         num_queries, pos_scores, pos_query, pos_neg_ge, grid, pos_grid_index, grid_neg_ge,

@@ -12,7 +12,9 @@ import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional import ranking
+from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
+from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
 
 __all__ = [
     "global_ap",
@@ -21,6 +23,8 @@ __all__ = [
     "recall_at_precision",
     "global_f1",
     "per_query_f1",
+    "threshold_protocol",
+    "consistency_ceiling",
 ]
 
 
@@ -72,3 +76,39 @@ def per_query_f1(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Te
     """Mean over rows with >= 1 positive of the row's best-threshold F1 (F1q)."""
     state = state_from_scores(scores, rel, valid)
     return _out(ranking.per_query_f1_from_state(state), scores)
+
+
+def threshold_protocol(
+    scores: Tensor,
+    rel: Tensor,
+    valid: Tensor | None = None,
+    *,
+    query_labels: Tensor,
+    precision: float = 0.9,
+    seed: int = 0,
+) -> dict[str, Tensor]:
+    """Shared-threshold protocol (gSAP paper §C.3) on a materialised matrix.
+
+    The query classes (``query_labels``, (Q,)) are split in two halves
+    (``split_classes(query_labels, seed)``); thresholds are fitted on the rows of
+    the first half and ``{"f1g", "r@p90", "f1q"}`` reported on the other half.
+    """
+    half = split_classes(query_labels, seed).to(scores.device)
+    state = state_from_scores(scores, rel, valid, half, 2)
+    out = threshold_protocol_from_state(state, [0], [1], precision)
+    tag = f"r@p{round(precision * 100)}"
+    return {k: _out(torch.tensor(out[k], dtype=torch.float64), scores) for k in ("f1g", tag, "f1q")}
+
+
+def consistency_ceiling(
+    scores: Tensor, rel: Tensor, valid: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Consistency ceiling C (a lower bound on the best order-preserving
+    interleaving's gAP, see ``ceiling.py``) and ``efficiency = gAP / C``."""
+    state = state_from_scores(scores, rel, valid)
+    ceiling = ceiling_from_state(state)["ceiling"]
+    gap = float(ranking.global_ap_from_state(state))
+    return {
+        "ceiling": _out(torch.tensor(ceiling, dtype=torch.float64), scores),
+        "efficiency": _out(torch.tensor(gap / ceiling, dtype=torch.float64), scores),
+    }

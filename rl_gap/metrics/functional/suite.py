@@ -7,7 +7,7 @@ from torch import Tensor
 
 from rl_gap.metrics.functional import ranking
 from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
-from rl_gap.metrics.functional.ceiling import consistency_ceiling
+from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import as_tensor, check_embeddings, state_from_embeddings
 from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
@@ -80,7 +80,7 @@ def _metrics_from_state(
     if ceiling is None:
         ceiling = int(num_pos.sum()) <= 2_000_000
     if ceiling and int(num_pos.sum()) > 0:
-        c = consistency_ceiling(state)
+        c = ceiling_from_state(state)
         out.update(c)
         out["efficiency"] = out["gap"] / c["ceiling"] if c["ceiling"] > 0 else float("nan")
     if protocol:
