@@ -289,3 +289,16 @@ def test_native_kernel_matches_eager_counts(monkeypatch):
         assert torch.equal(eager.pos_neg_ge, fused.pos_neg_ge)
         assert torch.equal(eager.grid_neg_ge, fused.grid_neg_ge)
         assert torch.equal(eager.boot_neg_ge, fused.boot_neg_ge)
+
+
+def test_relevance_function_equals_labels():
+    x = _dyadic(70, 5, 14)
+    labels = torch.arange(70) % 9
+    by_labels = evaluate_embeddings(x, x, labels, labels, exclude_self=True, block_size=16)
+    out = evaluate_embeddings(
+        x, None, relevance_fn=lambda i, j: labels[i][:, None] == labels[j][None],
+        exclude_self=True, block_size=16,
+    )  # fmt: skip
+    assert not _same(out, by_labels)
+    with pytest.raises(ValueError, match="relevance_fn must return"):
+        evaluate_embeddings(x, None, relevance_fn=lambda i, j: torch.zeros(2, 2))

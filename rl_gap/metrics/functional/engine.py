@@ -37,6 +37,7 @@ __all__ = [
     "positive_pairs_from_labels",
     "as_tensor",
     "check_embeddings",
+    "relevant_pairs_from_fn",
 ]
 
 
@@ -95,6 +96,34 @@ def positive_pairs_from_labels(
         keep = q_idx != d_idx
         q_idx, d_idx = q_idx[keep], d_idx[keep]
     return q_idx, d_idx
+
+
+def relevant_pairs_from_fn(
+    relevance_fn, num_queries: int, num_database: int, block_size: int = 4096
+) -> tuple[Tensor, Tensor]:
+    """Sparse positives from a relevance function, evaluated block by block.
+
+    Args:
+        relevance_fn: ``fn(query_idx (R,), database_idx (C,)) -> (R, C) bool`` (True =
+            relevant), called on CPU index blocks; never on the whole Q x D grid.
+    Returns:
+        ``(query_idx, database_idx)`` int64 index tensors of the relevant pairs.
+    """
+    q_parts, d_parts = [], []
+    for r0 in range(0, num_queries, block_size):
+        rows = torch.arange(r0, min(num_queries, r0 + block_size))
+        for c0 in range(0, num_database, block_size):
+            cols = torch.arange(c0, min(num_database, c0 + block_size))
+            mask = torch.as_tensor(relevance_fn(rows, cols)).cpu()
+            if mask.shape != (rows.numel(), cols.numel()) or mask.dtype != torch.bool:
+                raise ValueError(
+                    f"relevance_fn must return a bool ({rows.numel()}, {cols.numel()}) tensor, "
+                    f"got {mask.dtype} {tuple(mask.shape)}"
+                )
+            i, j = mask.nonzero(as_tuple=True)
+            q_parts.append(i + r0)
+            d_parts.append(j + c0)
+    return torch.cat(q_parts), torch.cat(d_parts)
 
 
 def _blocks(size: int, step: int) -> list[tuple[int, int]]:

@@ -9,7 +9,12 @@ from rl_gap.metrics.functional import ranking
 from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
 from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
-from rl_gap.metrics.functional.engine import as_tensor, check_embeddings, state_from_embeddings
+from rl_gap.metrics.functional.engine import (
+    as_tensor,
+    check_embeddings,
+    relevant_pairs_from_fn,
+    state_from_embeddings,
+)
 from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
 from rl_gap.metrics.functional.state import RetrievalState, torch_threads
 
@@ -116,6 +121,7 @@ def evaluate_embeddings(
     exclude_self: bool = False,
     *,
     relevant_pairs: tuple[Tensor, Tensor] | None = None,
+    relevance_fn=None,
     ks: tuple[int, ...] = (1, 5, 10),
     precisions: tuple[float, ...] = (0.9,),
     map_at: tuple[int, ...] = (),
@@ -130,7 +136,8 @@ def evaluate_embeddings(
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
     Scores are dot products (L2-normalise beforehand for cosine); relevance is
-    "same label" (or ``relevant_pairs``). Distractor queries (no positive)
+    "same label", or explicit: ``relevant_pairs = (query_idx, database_idx)``, or
+    ``relevance_fn(query_idx, database_idx) -> bool block`` (``relevant_pairs_from_fn``). Distractor queries (no positive)
     count in gAP, are excluded from mAP/R@k/F1q, and are reported as
     ``num_distractor_queries``. ``protocol=True`` adds the threshold protocol on
     a seeded split of the query classes; ``bootstrap=n`` adds 95% intervals.
@@ -143,6 +150,11 @@ def evaluate_embeddings(
         database = as_tensor(database, "database")
         check_embeddings(database, "database embeddings")
     num_q = queries_t.shape[0]
+    if relevance_fn is not None:
+        if relevant_pairs is not None:
+            raise ValueError("give relevant_pairs or relevance_fn, not both")
+        num_d = num_q if database is None else database.shape[0]
+        relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
     protocol_half = None
     if relevant_pairs is not None:
         if protocol:
