@@ -136,8 +136,11 @@ def evaluate_fine(
         else:
             torch.index_select(packed, 0, row, out=gathered[:n])
         coef = gathered[:n].view(dtype)  # (n, words * per_word)
-        result = acc[:n].copy_(coef[:, order])
-        for k in range(order - 1, -1, -1):
+        target = out[start : start + n]
+        result = target if target.dtype == dtype else acc[:n]
+        torch.addcmul(coef[:, order - 1], coef[:, order], t, out=result)
+        for k in range(order - 2, -1, -1):
             torch.addcmul(coef[:, k], result, t, out=result)
-        out[start : start + n] = result
+        if result is not target:
+            target.copy_(result)
     return out
