@@ -139,9 +139,11 @@ class RLGapCLI(LightningCLI):
             given.append(RichProgressBar(leave=True))
         if config.get("logger") and not any(isinstance(c, LearningRateMonitor) for c in given):
             given.append(LearningRateMonitor(logging_interval="step"))
-        if config.get("enable_checkpointing") is not False and not any(
-            isinstance(c, ModelCheckpoint) for c in given
-        ):
+        checkpoints = [c for c in given if isinstance(c, ModelCheckpoint)]
+        for cb in checkpoints:  # one folder per run, so that --ckpt_path last finds it
+            if cb.dirpath is None:
+                cb.dirpath = str(root / "checkpoints")
+        if config.get("enable_checkpointing") is not False and not checkpoints:
             given.append(ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True))
         return given
 
@@ -158,6 +160,11 @@ class RLGapCLI(LightningCLI):
     @rank_zero_only
     def _print_outputs(self) -> None:
         print(describe_outputs(self.trainer))
+        # One command = one W&B run: close it, or the next fit in this process
+        # (the demo, notebooks) would log into it.
+        for logger in self.trainer.loggers:
+            if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:
+                logger.experiment.finish()
 
 
 def describe_outputs(trainer: L.Trainer) -> str:
@@ -200,5 +207,7 @@ def run_lightning_cli(argv: list[str] | None = None, run: bool = True) -> RLGapC
         args=argv,
         run=run,
         auto_configure_optimizers=False,
+        # no argparse prefix matching: a truncated key (--trainer.max_epoch) is a typo
+        parser_kwargs={"allow_abbrev": False},
         save_config_kwargs={"overwrite": True},
     )

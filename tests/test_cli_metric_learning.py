@@ -86,7 +86,9 @@ def test_outputs_csv_wandb_offline_checkpoints(run_dir, capsys, monkeypatch):
     )  # fmt: skip
     root = run_dir / "demo" / "mnist_gsap"
     assert Path(cli.trainer.default_root_dir) == root
-    assert (root / "version_0" / "metrics.csv").read_text().count("val/gap") == 1
+    header, row = (root / "version_0" / "metrics.csv").read_text().splitlines()
+    metrics = dict(zip(header.split(","), row.split(",")))
+    assert 0 < float(metrics["val/gap"]) < 1 and float(metrics["val/num_queries"]) == 100
     assert (root / "version_0" / "config.yaml").is_file()
     assert (root / "checkpoints" / "last.ckpt").is_file()
     offline = list((root / "wandb").glob("offline-run-*"))
@@ -114,3 +116,13 @@ def test_paper_recipes_parse(recipe):
     assert cli.datamodule.batch_size == 4000 and cli.datamodule.m_per_class == 4
     assert cli.datamodule.queries_per_class == (4 if dataset == "inat" else None)
     assert cli.trainer.fit_loop.max_epochs == 100
+
+
+def test_recipe_checkpoint_goes_to_the_run_folder(tmp_path):
+    cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+           "--trainer.precision", "32", "--model.init_args.backbone", "rl_gap_convnet"]  # fmt: skip
+    recipe = RECIPES / "metric_learning" / "sop_gsap.yaml"
+    cli = _parse(["--config", str(recipe), "--output_dir", str(tmp_path), *cpu])
+    (ckpt,) = cli.trainer.checkpoint_callbacks
+    assert ckpt.monitor == "val/gap" and ckpt.save_last
+    assert ckpt.dirpath == str(tmp_path / "metric_learning" / "sop_gsap" / "checkpoints")
