@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import types
 import warnings
 from pathlib import Path
 
@@ -119,29 +120,33 @@ def test_load_fast_kernel_is_lazy_and_optional(monkeypatch):
 
 
 def test_fast_impl_without_kernel(monkeypatch):
-    monkeypatch.setattr(gsap_module, "load_fast_kernel", lambda: None)
+    monkeypatch.setattr(gsap_module, "_fast_module", lambda: None)
     with pytest.raises(ValueError, match="fast_rank"):
         build_loss("gsap", impl="fast")
     loss_fn = build_loss("gsap", impl="auto")
     assert loss_fn.select_impl(10**6, 10**6) == "exact"
 
 
-def test_auto_uses_fast_kernel_when_large(monkeypatch):
+def test_auto_uses_fast_kernel_when_it_prefers(monkeypatch):
     calls = []
+    prefer = {"fast": True}
 
-    def fake_fast(scores, positive, temperature, *, tolerance=1e-7):
-        calls.append((scores.numel(), int(positive.sum()), temperature, tolerance))
+    def fake_fast(scores, positive, temperature, *, tolerance=1e-7, valid=None):
+        keep = torch.ones_like(positive) if valid is None else valid
+        calls.append((int(keep.sum()), int((positive & keep).sum()), temperature, tolerance))
         return scores.mean() * 0 + 0.25
 
-    monkeypatch.setattr(gsap_module, "load_fast_kernel", lambda: fake_fast)
-    monkeypatch.setattr(gsap_module, "FAST_MIN_COMPARISONS", 10)
+    fake_module = types.SimpleNamespace(
+        smoothed_ap_fast=fake_fast, prefer_fast=lambda p, m, t: prefer["fast"]
+    )
+    monkeypatch.setattr(gsap_module, "_fast_module", lambda: fake_module)
     sim, rel, valid = small_batch()
     loss = build_loss("gsap", temperature=0.02, impl="auto", tolerance=1e-5)(sim, rel, valid)
     assert float(loss) == pytest.approx(0.75)
-    assert calls == [(30, 6, 0.02, 1e-5)]
-    monkeypatch.setattr(gsap_module, "FAST_MIN_COMPARISONS", 10**9)
+    assert calls == [(int(valid.sum()), int((rel & valid).sum()), 0.02, 1e-5)]
+    prefer["fast"] = False
     build_loss("gsap", impl="auto")(sim, rel, valid)
-    assert len(calls) == 1  # small list: exact path
+    assert len(calls) == 1  # the kernel declined: exact path
 
 
 @pytest.mark.parametrize("name", ["gsap", "msap", "infonce", "siglip"])

@@ -28,25 +28,24 @@ from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 IMPLS = ("auto", "exact", "fast")
 FAST_MODULE = "rl_gap.losses.fast_rank"
 
-# ``impl="auto"`` switches to the sub-quadratic kernel once P × M (positives ×
-# ranked pairs) reaches this many comparisons; below it the exact sweep is
-# cheap enough. Tuned by the fast-kernel benchmark (scripts/bench_losses.py).
-FAST_MIN_COMPARISONS = 1 << 26
 
-
-def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
-    """``rl_gap.losses.fast_rank.smoothed_ap_fast`` if that module exists, else None.
+def _fast_module():
+    """``rl_gap.losses.fast_rank`` if it exists, else None.
 
     Imported lazily so the exact path never depends on it. An import error
     *inside* fast_rank is re-raised rather than silently hidden.
     """
     try:
-        fast_rank = importlib.import_module(FAST_MODULE)
+        return importlib.import_module(FAST_MODULE)
     except ModuleNotFoundError as err:
         if err.name == FAST_MODULE:
             return None
         raise
-    return getattr(fast_rank, "smoothed_ap_fast", None)
+
+
+def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
+    """``rl_gap.losses.fast_rank.smoothed_ap_fast`` if available, else None."""
+    return getattr(_fast_module(), "smoothed_ap_fast", None)
 
 
 @register_loss("gsap")
@@ -60,8 +59,8 @@ class GlobalSmoothAPLoss(nn.Module):
             through the selection; positives always kept; ties broken by
             row-major flat position, lower first).
         impl: ``"exact"`` (chunked P × M sweep), ``"fast"`` (the sub-quadratic
-            kernel in ``rl_gap.losses.fast_rank``) or ``"auto"`` (fast when it
-            is importable and P × M ≥ ``FAST_MIN_COMPARISONS``).
+            kernel in ``rl_gap.losses.fast_rank``) or ``"auto"`` (fast when
+            ``fast_rank.prefer_fast(P, M, τ)`` says it beats the sweep).
         chunk_size: positives per chunk of the exact sweep (peak extra memory
             one chunk_size × M block); None = automatic (~2^24-element blocks).
         tolerance: accuracy target passed to the fast kernel.
@@ -101,7 +100,8 @@ class GlobalSmoothAPLoss(nn.Module):
         """Which kernel ranks a list with ``num_pos`` positives among ``num_items`` items."""
         if self.impl != "auto":
             return self.impl
-        if num_pos * num_items >= FAST_MIN_COMPARISONS and load_fast_kernel() is not None:
+        fast_rank = _fast_module()
+        if fast_rank is not None and fast_rank.prefer_fast(num_pos, num_items, self.temperature):
             return "fast"
         return "exact"
 
@@ -109,11 +109,22 @@ class GlobalSmoothAPLoss(nn.Module):
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
     ) -> torch.Tensor:
         sim, rel, valid = check_batch(sim, rel, valid)
-        scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
-        positive = rel[valid]
-        num_pos = int(positive.sum())
+        num_pos = int((rel & valid).sum())
         if num_pos == 0:
             return zero_loss(sim, self, "batch has no valid positive pair")
+        if self.neg_drop == 0 and self.select_impl(num_pos, int(valid.sum())) == "fast":
+            # The fast kernel skips invalid items itself: no (M,) copy of sim[valid].
+            fast = load_fast_kernel()
+            sap = fast(
+                sim.reshape(-1),
+                rel.reshape(-1),
+                self.temperature,
+                tolerance=self.tolerance,
+                valid=valid.reshape(-1),
+            )
+            return 1.0 - sap
+        scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
+        positive = rel[valid]
         if self.neg_drop > 0:
             keep = drop_lowest_negatives(
                 scores.unsqueeze(0),
