@@ -22,9 +22,30 @@ def _run_command(name: str, argv: list[str]) -> int:
     return int(module.run(parser.parse_args(argv)) or 0)
 
 
+TRAINING_COMMANDS = {
+    "fit": "train a recipe (LightningCLI: --config recipe.yaml, any key overridable)",
+    "validate": "one evaluation epoch on the validation set (--ckpt_path ...)",
+    "test": "one evaluation epoch on the test set (--ckpt_path ...)",
+    "predict": "run the model's predict loop",
+}
+
+
+def usage() -> str:
+    width = max(map(len, [*TRAINING_COMMANDS, *COMMANDS]))
+    rows = [f"  {k:<{width}}  {v}" for k, v in TRAINING_COMMANDS.items()]
+    rows += [f"  {k:<{width}}  {help_text}" for k, (_, help_text) in COMMANDS.items()]
+    return (
+        "usage: rl-gap COMMAND [options]   (rl-gap COMMAND --help for its options)\n\n"
+        "commands:\n" + "\n".join(rows) + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    if words and words[0] in COMMANDS:
+    if not words or words[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0 if words else 2
+    if words[0] in COMMANDS:
         return _run_command(words[0], words[1:])
     from rl_gap.training_cli import run_lightning_cli
 

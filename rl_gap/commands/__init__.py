@@ -5,8 +5,17 @@ Each module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
-    "evaluate": ("rl_gap.commands.evaluate", "retrieval metrics from saved embeddings or a checkpoint"),
-    "extrapolate": ("rl_gap.commands.extrapolate", "predict web-scale mAP@k from a distractor sample"),
-    "linear-probe": ("rl_gap.commands.linear_probe", "linear probe on frozen features of a checkpoint"),
+    "evaluate": (
+        "rl_gap.commands.evaluate",
+        "retrieval metrics from saved embeddings (checkpoints: rl-gap validate|test)",
+    ),
+    "extrapolate": (
+        "rl_gap.commands.extrapolate",
+        "predict web-scale mAP@k from a distractor sample",
+    ),
+    "linear-probe": (
+        "rl_gap.commands.linear_probe",
+        "linear probe on frozen features of a checkpoint",
+    ),
     "knn": ("rl_gap.commands.knn", "weighted kNN classification on frozen features"),
 }
