@@ -76,7 +76,9 @@ def build_optimizer(
     return _OPTIMIZERS[key](groups, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
-def warmup_cosine_factor(step: int, total_steps: int, warmup_steps: int, min_factor: float) -> float:
+def warmup_cosine_factor(
+    step: int, total_steps: int, warmup_steps: int, min_factor: float
+) -> float:
     """LR multiplier: linear warmup from ~0 to 1, then cosine decay to ``min_factor``."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps

@@ -19,6 +19,7 @@ Batch protocol (what ``CLIPFineTuneModule`` consumes):
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
 
 
 # -------------------------------------------------------------- DataModules
-class CLIPDataModuleBase(L.LightningDataModule):
+class CLIPDataModuleBase(L.LightningDataModule, abc.ABC):
     """Loaders shared by the CLIP data modules.
 
     Preprocessing (image size, mean/std) and the tokenizer default to the
@@ -118,8 +119,9 @@ class CLIPDataModuleBase(L.LightningDataModule):
         return image_transform(size, is_train=train, mean=mean, std=std)
 
     # subclasses provide the data
+    @abc.abstractmethod
     def train_dataset(self) -> Dataset:
-        raise NotImplementedError
+        """The training dataset (batches follow the protocol in the module docstring)."""
 
     def eval_datasets(self) -> list[Dataset]:
         """Evaluation datasets, each with ``eval_role`` and ``eval_name``."""

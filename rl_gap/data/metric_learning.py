@@ -11,6 +11,7 @@ queries to k images per class (iNaturalist: 4, i.e. 9,808 queries).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any
 
@@ -102,7 +103,7 @@ def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch
     return torch.tensor(sorted(picked), dtype=torch.long)
 
 
-class MetricLearningDataModule(L.LightningDataModule):
+class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
     """Base DataModule: subclasses implement :meth:`build_split` ("train"/"test").
 
     Args:
@@ -149,9 +150,9 @@ class MetricLearningDataModule(L.LightningDataModule):
         self.datasets: dict[str, Dataset] = {}
 
     # ------------------------------------------------------------- subclasses
+    @abc.abstractmethod
     def build_split(self, split: str, train: bool) -> Dataset:
         """Dataset of ``split`` ("train"/"test") with a ``labels`` (N,) tensor attribute."""
-        raise NotImplementedError
 
     def image_list_dataset(self, items: ImageList, train: bool) -> ImageListDataset:
         return ImageListDataset(items, image_transform(self.image_size, train, self.augment))

@@ -9,6 +9,7 @@ optimizer and schedule, and logging of the loss's learnable parameters.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import lightning as L
@@ -18,7 +19,7 @@ from rl_gap.losses import dist, loss_from_config
 from rl_gap.optim import build_optimizer, build_scheduler, param_groups
 
 
-class RankingModule(L.LightningModule):
+class RankingModule(L.LightningModule, abc.ABC):
     """Base LightningModule: registry loss on the global batch + optimizer/scheduler.
 
     Args:
@@ -67,11 +68,11 @@ class RankingModule(L.LightningModule):
     def gather_labels(x: torch.Tensor) -> torch.Tensor:
         return dist.gather_no_grad(x)
 
+    @abc.abstractmethod
     def global_similarity(
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Return (sim, rel, valid) over the global batch. Subclasses implement."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- training
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
