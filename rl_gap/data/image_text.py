@@ -19,7 +19,6 @@ Batch protocol (what ``CLIPFineTuneModule`` consumes):
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
 
 
 # -------------------------------------------------------------- DataModules
-class CLIPDataModuleBase(L.LightningDataModule, abc.ABC):
+class CLIPDataModuleBase(L.LightningDataModule):
     """Loaders shared by the CLIP data modules.
 
     Preprocessing (image size, mean/std) and the tokenizer default to the
@@ -119,9 +118,12 @@ class CLIPDataModuleBase(L.LightningDataModule, abc.ABC):
         return image_transform(size, is_train=train, mean=mean, std=std)
 
     # subclasses provide the data
-    @abc.abstractmethod
     def train_dataset(self) -> Dataset:
-        """The training dataset (batches follow the protocol in the module docstring)."""
+        """The training dataset (batches follow the protocol in the module docstring).
+
+        Evaluation-only subclasses need not provide one.
+        """
+        raise RuntimeError(f"{type(self).__name__} has no training data (evaluation only)")
 
     def eval_datasets(self) -> list[Dataset]:
         """Evaluation datasets, each with ``eval_role`` and ``eval_name``."""
