@@ -72,7 +72,16 @@ def unique_sorted(x: Tensor, return_inverse: bool = False):
     if return_inverse:
         values, inverse = np.unique(x.numpy(), return_inverse=True)
         return torch.from_numpy(values), torch.from_numpy(inverse.astype(np.int64))
-    return torch.from_numpy(np.unique(x.numpy()))
+    values = x.numpy()
+    if values.dtype.kind not in "biu":
+        return torch.from_numpy(np.unique(values))
+    # Integers: sort + adjacent-difference mask. numpy >= 2.3 answers np.unique
+    # with a hash table here, ~30x slower than sorting (1.1 s vs 0.04 s for the
+    # 1.25M own-positive keys of a 2,500-query leave-one-out evaluation).
+    values = np.sort(values)
+    if values.size > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    return torch.from_numpy(values)
 
 
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
