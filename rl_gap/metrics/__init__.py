@@ -2,6 +2,7 @@
 engine) and torchmetrics classes that accumulate embeddings across batches and
 DDP ranks."""
 
+from rl_gap.metrics.knn import WeightedKNNAccuracy
 from rl_gap.metrics.retrieval import (
     GlobalAP,
     MeanAP,
@@ -20,4 +21,5 @@ __all__ = [
     "RetrievalMetrics",
     "TailExtrapolatedMAP",
     "ThresholdProtocol",
+    "WeightedKNNAccuracy",
 ]
