@@ -216,6 +216,8 @@ def test_bench_script_measures_every_loss():
     for config in bench.build_configs(args):
         rows.append({**config, **bench.measure(config)})
     assert {r["label"] for r in rows} == {"gsap-exact", "msap", "infonce", "siglip"}
-    assert all(r["seconds"] > 0 and r["reps"] == 1 for r in rows)
+    measured = [r["seconds"] for r in rows]  # a smoke check of the record, not of speed
+    assert all(math.isfinite(t) and t > 0 for t in measured)
+    assert all(r["reps"] == 1 for r in rows)
     table = bench.format_table(rows)
     assert "gsap-exact" in table and "x_infonce" in table
