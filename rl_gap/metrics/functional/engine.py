@@ -38,6 +38,7 @@ __all__ = [
     "as_tensor",
     "check_embeddings",
     "relevant_pairs_from_fn",
+    "check_query_index",
 ]
 
 
@@ -77,6 +78,48 @@ def _check_labels(labels: Tensor, count: int, name: str) -> Tensor:
         if labels.dtype.is_floating_point and not bool((labels == labels.round()).all()):
             raise ValueError(f"{name} must be integer class ids, got dtype {labels.dtype}")
     return labels.long()
+
+
+def check_query_index(
+    query_index, num_queries: int, num_database: int, exclude_self: bool = False
+) -> Tensor | None:
+    """Validated self pairs: query i is database row ``query_index[i]`` (CPU int64).
+
+    ``exclude_self=True`` (queries are the database) means ``arange(Q)``. Returns None
+    when no pair is excluded.
+    """
+    if query_index is None:
+        if not exclude_self:
+            return None
+        if num_queries != num_database:
+            raise ValueError(
+                f"exclude_self needs queries == database, got {num_queries} vs {num_database} "
+                "rows (use query_index for a query subset of the database)"
+            )
+        return torch.arange(num_queries)
+    if exclude_self:
+        raise ValueError("give exclude_self or query_index, not both")
+    query_index = as_tensor(query_index, "query_index")
+    if (
+        query_index.dtype.is_floating_point
+        or query_index.dtype.is_complex
+        or query_index.dtype == torch.bool
+    ):
+        raise ValueError(f"query_index must be an integer tensor, got dtype {query_index.dtype}")
+    if query_index.shape != (num_queries,):
+        raise ValueError(
+            f"query_index has shape {tuple(query_index.shape)}, expected ({num_queries},) "
+            "(the database row of each query)"
+        )
+    query_index = query_index.long().cpu()
+    if int(query_index.min()) < 0 or int(query_index.max()) >= num_database:
+        raise ValueError(
+            f"query_index out of range: values must be in [0, {num_database}), got "
+            f"[{int(query_index.min())}, {int(query_index.max())}]"
+        )
+    if unique_sorted(query_index).numel() != num_queries:
+        raise ValueError("query_index has duplicate values: two queries cannot be one database row")
+    return query_index
 
 
 def positive_pairs_from_labels(
@@ -146,6 +189,7 @@ def _state_from_embeddings(
     database_labels=None,
     *,
     exclude_self: bool = False,
+    query_index: Tensor | None = None,
     relevant_pairs: tuple[Tensor, Tensor] | None = None,
     block_size: int | tuple[int, int] = 2048,
     device: torch.device | str | None = None,
@@ -163,6 +207,9 @@ def _state_from_embeddings(
         database: (D, dim); None = the queries themselves.
         query_labels / database_labels: (Q,) / (D,) integer labels; relevance = same label.
         exclude_self: leave-one-out; query i is database item i, the pair is ignored.
+        query_index: (Q,) int64, distinct, in [0, D): query i is database row
+            ``query_index[i]``; that pair is ignored (neither positive nor negative).
+            A query subset of the database (``exclude_self`` is ``arange(Q)``).
         relevant_pairs: instead of labels, explicit ``(query_idx, database_idx)`` positives.
         block_size: GEMM block rows = columns (or ``(rows, columns)``).
         device: where to score (default: the queries' device); fp16/bf16 are scored in fp32.
@@ -183,8 +230,7 @@ def _state_from_embeddings(
             f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"
         )
     num_q, num_d = queries.shape[0], database.shape[0]
-    if exclude_self and num_q != num_d:
-        raise ValueError(f"exclude_self needs queries == database, got {num_q} vs {num_d} rows")
+    self_index = check_query_index(query_index, num_q, num_d, exclude_self)
     device = torch.device(device) if device is not None else queries.device
     dtype = compute_dtype_for(torch.promote_types(queries.dtype, database.dtype))
     rows_step, cols_step = (block_size, block_size) if isinstance(block_size, int) else block_size
@@ -204,9 +250,6 @@ def _state_from_embeddings(
             raise ValueError("relevant_pairs index out of range")
         key = unique_sorted(q_idx * num_d + d_idx)
         q_idx, d_idx = key // num_d, key % num_d
-        if exclude_self:
-            keep = q_idx != d_idx
-            q_idx, d_idx = q_idx[keep], d_idx[keep]
     else:
         if query_labels is None or database_labels is None:
             if query_labels is not None and database is queries:
@@ -217,11 +260,22 @@ def _state_from_embeddings(
         d_lab = _check_labels(
             as_tensor(database_labels, "database_labels").cpu(), num_d, "database_labels"
         )
+        if self_index is not None and not bool((q_lab == d_lab[self_index]).all()):
+            raise ValueError(
+                "exclude_self / query_index: a query's label differs from its database row's "
+                "(query_labels must equal database_labels[query_index])"
+            )
         perm_q = argsort_stable(q_lab)
         perm_d = perm_q if exclude_self else argsort_stable(d_lab)
-        if exclude_self and not bool((q_lab == d_lab).all()):
-            raise ValueError("exclude_self needs query_labels == database_labels")
-        q_idx, d_idx = positive_pairs_from_labels(q_lab[perm_q], d_lab[perm_d], exclude_self)
+        q_idx, d_idx = positive_pairs_from_labels(q_lab[perm_q], d_lab[perm_d], False)
+    # Self column of each (sorted) query in the sorted database, or None.
+    self_col = None
+    if self_index is not None:
+        inv_perm_d = torch.empty_like(perm_d)
+        inv_perm_d[perm_d] = torch.arange(num_d)
+        self_col = inv_perm_d[self_index[perm_q]]
+        keep = d_idx != self_col[q_idx]
+        q_idx, d_idx = q_idx[keep], d_idx[keep]
 
     # ---- step 1: positive scores from the blocks that hold them
     row_blocks, col_blocks = _blocks(num_q, rows_step), _blocks(num_d, cols_step)
@@ -230,6 +284,14 @@ def _state_from_embeddings(
 
     def query_block(r0: int, r1: int) -> Tensor:
         return queries[perm_q[r0:r1]].to(device=device, dtype=dtype)
+
+    def mask_self(block: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
+        if self_col is None:
+            return
+        cols = self_col[r0:r1]
+        rows = ((cols >= c0) & (cols < c1)).nonzero(as_tuple=True)[0]
+        if rows.numel():
+            block[rows.to(block.device), (cols[rows] - c0).to(block.device)] = float("-inf")
 
     def gemm(r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None) -> Tensor:
         q_blk = query_block(r0, r1) if q_blk is None else q_blk
@@ -258,8 +320,7 @@ def _state_from_embeddings(
         block_bytes = block.numel() * block.element_size()
         if cached + block_bytes <= cache_bytes:
             block[rows, cols] = float("-inf")
-            if exclude_self:
-                block.diagonal(r0 - c0).fill_(float("-inf"))
+            mask_self(block, r0, r1, c0, c1)
             cache[bid] = block
             cached += block_bytes
         start = stop
@@ -297,8 +358,7 @@ def _state_from_embeddings(
                     if bid in block_pairs:
                         rows, cols = block_pairs[bid]
                         block[rows, cols] = float("-inf")
-                    if exclude_self and r0 < c1 and c0 < r1:
-                        block.diagonal(r0 - c0).fill_(float("-inf"))
+                    mask_self(block, r0, r1, c0, c1)
                 with torch_threads(heavy_threads):
                     counter.add(block, r0)
         pos_neg_ge, grid_neg_ge, boot = counter.finish()
@@ -307,7 +367,7 @@ def _state_from_embeddings(
     orig_query = perm_q.to(device)[pos_query]
     back = argsort_stable(orig_query.cpu()).to(device)
     num_pos = torch.bincount(orig_query, minlength=num_q)
-    num_negatives = num_d - num_pos - (1 if exclude_self else 0)
+    num_negatives = num_d - num_pos - (0 if self_index is None else 1)
     if boot is not None:
         unsorted = torch.empty_like(boot)
         unsorted[perm_q.to(device)] = boot

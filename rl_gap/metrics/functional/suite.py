@@ -12,6 +12,7 @@ from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import (
     as_tensor,
     check_embeddings,
+    check_query_index,
     relevant_pairs_from_fn,
     state_from_embeddings,
 )
@@ -120,6 +121,7 @@ def evaluate_embeddings(
     database_labels=None,
     exclude_self: bool = False,
     *,
+    query_index: Tensor | None = None,
     relevant_pairs: tuple[Tensor, Tensor] | None = None,
     relevance_fn=None,
     ks: tuple[int, ...] = (1, 5, 10),
@@ -137,7 +139,10 @@ def evaluate_embeddings(
 
     Scores are dot products (L2-normalise beforehand for cosine); relevance is
     "same label", or explicit: ``relevant_pairs = (query_idx, database_idx)``, or
-    ``relevance_fn(query_idx, database_idx) -> bool block`` (``relevant_pairs_from_fn``). Distractor queries (no positive)
+    ``relevance_fn(query_idx, database_idx) -> bool block`` (``relevant_pairs_from_fn``).
+    ``exclude_self`` (queries are the database) or ``query_index`` ((Q,) int64,
+    distinct: query i is database row ``query_index[i]``, e.g. a query subset of
+    the test set) excludes each query's self pair from every metric. Distractor queries (no positive)
     count in gAP, are excluded from mAP/R@k/F1q, and are reported as
     ``num_distractor_queries``. ``protocol=True`` adds the threshold protocol on
     a seeded split of the query classes; ``bootstrap=n`` adds 95% intervals.
@@ -150,10 +155,11 @@ def evaluate_embeddings(
         database = as_tensor(database, "database")
         check_embeddings(database, "database embeddings")
     num_q = queries_t.shape[0]
+    num_d = num_q if database is None else database.shape[0]
+    self_index = check_query_index(query_index, num_q, num_d, exclude_self)
     if relevance_fn is not None:
         if relevant_pairs is not None:
             raise ValueError("give relevant_pairs or relevance_fn, not both")
-        num_d = num_q if database is None else database.shape[0]
         relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
     protocol_half = None
     if relevant_pairs is not None:
@@ -161,8 +167,10 @@ def evaluate_embeddings(
             raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
         q_idx = as_tensor(relevant_pairs[0], "relevant_pairs").long().cpu()
         d_idx = as_tensor(relevant_pairs[1], "relevant_pairs").long().cpu()
-        if exclude_self:
-            q_idx = q_idx[q_idx != d_idx]
+        if q_idx.numel() and (int(q_idx.min()) < 0 or int(q_idx.max()) >= num_q):
+            raise ValueError("relevant_pairs index out of range")
+        if self_index is not None and q_idx.numel():
+            q_idx = q_idx[d_idx != self_index[q_idx]]
         has_positive = torch.bincount(q_idx, minlength=num_q)[:num_q] > 0
     else:
         if query_labels is None:
@@ -179,13 +187,13 @@ def evaluate_embeddings(
             )
         if d_lab.ndim != 1:
             raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
-        has_positive = _positives_per_query(q_lab.long(), d_lab.long(), exclude_self) > 0
+        has_positive = _positives_per_query(q_lab.long(), d_lab.long(), self_index is not None) > 0
         if protocol:
             protocol_half = split_classes(q_lab, seed)
     group, num_groups = query_groups(has_positive, protocol_half)
     state = state_from_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
-        relevant_pairs=relevant_pairs, block_size=block_size, device=device,
+        query_index=query_index, relevant_pairs=relevant_pairs, block_size=block_size, device=device,
         query_group=group, num_groups=num_groups,
         bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0, validated=True,
     )  # fmt: skip
