@@ -25,7 +25,6 @@ from lightning.pytorch.callbacks import Callback
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
 from rl_gap.losses import dist
-from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import state_from_embeddings
 from rl_gap.metrics.functional.protocol import split_classes
 from rl_gap.metrics.functional.ranking import global_f1_from_state
@@ -52,40 +51,30 @@ def retrieval_state(
     query_positions: torch.Tensor | None = None,
     protocol_seed: int = 0,
     block_size: int = 2048,
-    max_dense_pairs: int = 200_000_000,
 ):
     """Exact retrieval state of an evaluation set, with threshold-protocol query groups.
 
     ``query_positions=None``: every item is a query against all others
-    (leave-one-out, blocked engine, any size). Otherwise those rows are the
-    queries against the whole set, each without itself; the engine cannot yet
-    mark one pair per query invalid, so this path scores the (Q, D) matrix
-    densely and is limited to ``max_dense_pairs`` pairs.
+    (leave-one-out). Otherwise those rows are the queries against the whole
+    set, each without itself (iNaturalist: 4 queries per class). Both run the
+    blocked engine: memory never holds the Q × D matrix.
     """
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    has_positive = (counts[inverse] - 1).cpu() > 0  # another item of the same class exists
     if query_positions is None:
-        _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-        has_positive = (counts[inverse] - 1).cpu() > 0
         group, num_groups = query_groups(has_positive, split_classes(labels.cpu(), protocol_seed))
         return state_from_embeddings(
             embeddings, embeddings, labels, labels, exclude_self=True, block_size=block_size,
             query_group=group, num_groups=num_groups,
         )  # fmt: skip
-    num_q, num_d = len(query_positions), len(labels)
-    if num_q * num_d > max_dense_pairs:
-        raise ValueError(
-            f"{num_q} queries x {num_d} items exceed max_dense_pairs={max_dense_pairs} for "
-            "query-subset evaluation; raise it if memory allows (the blocked engine needs "
-            "per-query self-pair exclusion for this case)"
-        )
     query_positions = query_positions.to(embeddings.device)
-    scores = embeddings[query_positions] @ embeddings.T
-    rel = labels[query_positions][:, None] == labels[None, :]
-    valid = torch.ones_like(rel)
-    valid[torch.arange(num_q, device=rel.device), query_positions] = False
-    has_positive = (rel & valid).any(1).cpu()
-    q_labels = labels[query_positions].cpu()
-    group, num_groups = query_groups(has_positive, split_classes(q_labels, protocol_seed))
-    return state_from_scores(scores, rel, valid, group.to(scores.device), num_groups)
+    q_labels = labels[query_positions]
+    split = split_classes(q_labels.cpu(), protocol_seed)
+    group, num_groups = query_groups(has_positive[query_positions.cpu()], split)
+    return state_from_embeddings(
+        embeddings[query_positions], embeddings, q_labels, labels, query_index=query_positions,
+        block_size=block_size, query_group=group, num_groups=num_groups,
+    )  # fmt: skip
 
 
 class RetrievalEvaluation(Callback):
@@ -99,8 +88,6 @@ class RetrievalEvaluation(Callback):
         protocol_seed: seed of the class split of the threshold protocol.
         block_size: GEMM block of the metric engine.
         max_plot_points: PR-curve points kept for plotting.
-        max_dense_pairs: limit of the dense path used when the queries are a
-            subset of the evaluation set (``queries_per_class``).
     """
 
     def __init__(
@@ -112,14 +99,12 @@ class RetrievalEvaluation(Callback):
         protocol_seed: int = 0,
         block_size: int = 2048,
         max_plot_points: int = 2000,
-        max_dense_pairs: int = 200_000_000,
     ) -> None:
         self.plots = plots
         self.map_at, self.ks, self.precision = tuple(map_at), tuple(ks), precision
         self.protocol_seed = protocol_seed
         self.block_size = block_size
         self.max_plot_points = max_plot_points
-        self.max_dense_pairs = max_dense_pairs
         self._outputs: list[dict[str, torch.Tensor]] = []
         self.last_metrics: dict[str, float] = {}
 
@@ -186,9 +171,7 @@ class RetrievalEvaluation(Callback):
             if emb.shape[0] < 2:
                 raise ValueError(f"{stage}: need at least 2 embedded items, got {emb.shape[0]}")
             queries = self._query_positions(trainer, stage, indices)
-            state = retrieval_state(
-                emb, labels, queries, self.protocol_seed, self.block_size, self.max_dense_pairs
-            )
+            state = retrieval_state(emb, labels, queries, self.protocol_seed, self.block_size)
             metrics = metrics_from_state(
                 state, self.ks, (self.precision,), self.map_at, ceiling=False, protocol=True
             )
