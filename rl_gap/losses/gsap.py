@@ -112,17 +112,18 @@ class GlobalSmoothAPLoss(nn.Module):
         num_pos = int((rel & valid).sum())
         if num_pos == 0:
             return zero_loss(sim, self, "batch has no valid positive pair")
-        if self.neg_drop == 0 and self.select_impl(num_pos, int(valid.sum())) == "fast":
-            # The fast kernel skips invalid items itself: no (M,) copy of sim[valid].
-            fast = load_fast_kernel()
-            sap = fast(
-                sim.reshape(-1),
-                rel.reshape(-1),
-                self.temperature,
-                tolerance=self.tolerance,
-                valid=valid.reshape(-1),
-            )
-            return 1.0 - sap
+        if self.neg_drop == 0:
+            impl = self.select_impl(num_pos, int(valid.sum()))
+            if impl == "fast":
+                # The fast kernel skips invalid items itself: no (M,) copy of sim[valid].
+                sap = load_fast_kernel()(
+                    sim.reshape(-1),
+                    rel.reshape(-1),
+                    self.temperature,
+                    tolerance=self.tolerance,
+                    valid=valid.reshape(-1),
+                )
+                return 1.0 - sap
         scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
         positive = rel[valid]
         if self.neg_drop > 0:
@@ -133,9 +134,9 @@ class GlobalSmoothAPLoss(nn.Module):
                 self.neg_drop,
             )[0]
             scores, positive = scores[keep], positive[keep]
-        if self.select_impl(num_pos, scores.numel()) == "fast":
-            fast = load_fast_kernel()
-            sap = fast(scores, positive, self.temperature, tolerance=self.tolerance)
+            impl = self.select_impl(num_pos, scores.numel())
+        if impl == "fast":
+            sap = load_fast_kernel()(scores, positive, self.temperature, tolerance=self.tolerance)
         else:
             sap = smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
         return 1.0 - sap
