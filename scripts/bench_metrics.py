@@ -135,7 +135,7 @@ def part_embeddings(sizes, block: int):
     from rl_gap.metrics.functional import native
 
     print("\n== from embeddings (d=128, leave-one-out): our suite vs the bare blocked GEMM ==")
-    print(f"native kernel: {'built' if native.is_built() else 'not built (first call builds it)'}")
+    print(f"native kernel: {'loaded' if native.native_library() is not None else 'unavailable'}")
     print(f"{'pairs':>8} {'method':<44} {'seconds':>8} {'peak MB':>8} {'x GEMM':>8}")
     for n in sizes:
         _embeddings_case(n, block)

@@ -13,8 +13,8 @@ Per negative: one exact grid lookup ``g`` = #grid values <= score
 (``GridLookup``: O(1) outside cells holding a positive), then the query's own
 bin = #own distinct positives with grid position < g (a search among the
 query's few positives), and histogram increments. A fused CPU kernel
-(``native.py``) does all of it in one pass; the eager tensor path here (used on
-GPU and for small problems) computes the same counts.
+(``native.py``) does the same in about one pass; the eager tensor path here (used
+on GPU, for small blocks and without a compiler) computes the same counts.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class NegativeCounter:
         query_group: (Q,) int64 group of each query; ``num_groups`` groups.
         boot_knot_index: optional (B,) ascending grid positions for per-query
             bootstrap counts.
-        total_pairs: size of the whole problem (decides whether to build the
-            fused CPU kernel, see ``native.should_use``).
+        total_pairs: unused (kept for callers); the fused CPU kernel is used for
+            blocks of >= ``NATIVE_MIN_PAIRS`` scores whenever it is available.
     """
 
     def __init__(
@@ -63,7 +63,7 @@ class NegativeCounter:
         self.total_pairs = total_pairs
         self.lookup = GridLookup(grid)
         self.grid_size = size = grid.numel()
-        self.query_group = query_group.to(device)
+        self.query_group = query_group.to(device=device, dtype=torch.long).contiguous()
         self.num_groups = num_groups
         num_queries = pos_offsets.numel() - 1
         pos_offsets = pos_offsets.to(device)
@@ -97,28 +97,34 @@ class NegativeCounter:
                 num_queries * self.boot_width, dtype=torch.long, device=device
             )
         self._thread_hists: Tensor | None = None  # native kernel: one global hist per thread
+        self._table: native.CellTable | None = None
         self.force_native: bool | None = None  # None: by size policy; True/False: always/never
 
-    def add(self, scores: Tensor, start: int) -> None:
+    def add(self, scores: Tensor, start: int, global_weight: int = 1) -> None:
         """Count a block of negative scores of query rows ``start .. start + R``.
 
         Args:
             scores: (R, C) scores of negative pairs; pairs to ignore hold ``-inf``.
             start: query index of the block's first row.
+            global_weight: times each score enters the global histogram (2: the
+                block also stands for its transpose, whose rows are counted
+                separately with 0; the per-query counts always count once).
         """
         if scores.numel() == 0:
             return
         stop = start + scores.shape[0]
         if self._use_native(scores):
-            self._add_native(scores, start, stop)
+            self._add_native(scores, start, global_weight)
             return
         counts = self.lookup.count_le(scores)  # (R, C) int64 in [0, G]
         width = self.grid_size + 1
-        if self.num_groups == 1:
-            self.global_hist += torch.bincount(counts.view(-1), minlength=width)
-        else:
+        if global_weight and self.num_groups == 1:
+            self.global_hist += global_weight * torch.bincount(counts.view(-1), minlength=width)
+        elif global_weight:
             keys = counts + (self.query_group[start:stop] * width).unsqueeze(1)
-            self.global_hist += torch.bincount(keys.view(-1), minlength=self.global_hist.numel())
+            self.global_hist += global_weight * torch.bincount(
+                keys.view(-1), minlength=self.global_hist.numel()
+            )
         self._add_rows_eager(counts, start, stop)
         if self.boot_knot_index is not None:
             local = self.boot_lut[counts]
@@ -152,30 +158,38 @@ class NegativeCounter:
         self.row_hist[first : first + size] += bins
 
     def _use_native(self, scores: Tensor) -> bool:
-        if scores.device.type != "cpu" or self.force_native is False:
-            return False
-        if self.force_native is None and (
-            scores.numel() < NATIVE_MIN_PAIRS or not native.should_use(self.total_pairs)
+        if (
+            scores.device.type != "cpu"
+            or scores.dtype not in (torch.float32, torch.float64)
+            or self.force_native is False
         ):
             return False
-        return native.native_kernel() is not None
+        if self.force_native is None and scores.numel() < NATIVE_MIN_PAIRS:
+            return False
+        return native.native_library() is not None
 
-    def _add_native(self, scores: Tensor, start: int, stop: int) -> None:
-        if self._thread_hists is None:
-            threads = max(1, torch.get_num_threads())
+    def _add_native(self, scores: Tensor, start: int, global_weight: int) -> None:
+        threads = max(1, torch.get_num_threads())
+        if self._thread_hists is None or self._thread_hists.shape[0] < threads:
+            old = self._thread_hists
             self._thread_hists = torch.zeros(
                 threads, self.global_hist.numel(), dtype=torch.long, device=scores.device
             )
+            if old is not None:
+                self._thread_hists[: old.shape[0]] += old
+        if self._table is None:
+            self._table = native.CellTable(self.lookup.grid)
         boot = self.boot_knot_index is not None
-        empty = torch.zeros(1, dtype=torch.long)
-        native.native_kernel().count_block(
-            scores.contiguous(), float(self.lookup.lo), float(self.lookup.scale),
-            self.lookup.num_cells, self.lookup.bounds, self.lookup.grid,
-            self.query_group, self._thread_hists, start,
-            self.own_index, self.own_offsets, self.row_hist,
-            self.boot_lut if boot else empty, self.boot_hist if boot else empty,
-            self.boot_width,
-        )  # fmt: skip
+        scores = scores.contiguous()
+        # The kernel counts a call in 32 bits: keep weight x pairs below 2^31.
+        step = max(1, ((1 << 30) // max(1, global_weight)) // max(1, scores.shape[1]))
+        for r0 in range(0, scores.shape[0], step):
+            native.count_block(
+                scores[r0 : r0 + step], self._table, self.query_group, self._thread_hists,
+                start + r0, self.own_index, self.own_offsets, self.row_hist,
+                self.boot_lut if boot else None, self.boot_hist if boot else None,
+                self.boot_width, global_weight, threads,
+            )  # fmt: skip
 
     def finish(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Returns ``(pos_neg_ge (P,), grid_neg_ge (groups, G), boot_neg_ge (Q, B) | None)``."""
