@@ -309,3 +309,30 @@ def test_relevance_function_equals_labels():
     assert not _same(out, by_labels)
     with pytest.raises(ValueError, match="relevance_fn must return"):
         evaluate_embeddings(x, None, relevance_fn=lambda i, j: torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_symmetric_native_equals_plain_eager(monkeypatch, dtype):
+    """Leave-one-out computes only the upper blocks (each pair once, counted for both
+    queries, columns through the kernel's transposed path) == every block, eagerly."""
+    from rl_gap.metrics.functional import counting, native
+
+    if native.native_library() is None:
+        pytest.skip("no C++ toolchain: the engine falls back to the eager path")
+    x = _dyadic(203, 5, 3).to(dtype)
+    labels = torch.randint(0, 40, (203,), generator=torch.Generator().manual_seed(4))
+    labels[:60] = 0  # one class with > 64 positives per query: searched per element
+    kwargs = dict(exclude_self=True, protocol=True, bootstrap=20, map_at=(3,), ceiling=True)
+    monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1 << 40)
+    plain = evaluate_embeddings(x, x, labels, labels, block_size=(37, 45), **kwargs)
+    monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1)
+    calls = []
+    add = counting.NegativeCounter.add
+    monkeypatch.setattr(
+        counting.NegativeCounter, "add",
+        lambda self, *a, **k: calls.append(k.get("transposed", False)) or add(self, *a, **k),
+    )  # fmt: skip
+    for block in (37, 64, 1000):
+        fused = evaluate_embeddings(x, x, labels, labels, block_size=block, **kwargs)
+        assert not _same(fused, plain), _same(fused, plain)
+    assert any(calls) and not all(calls)  # mirrored blocks went through the kernel

@@ -100,31 +100,43 @@ class NegativeCounter:
         self._table: native.CellTable | None = None
         self.force_native: bool | None = None  # None: by size policy; True/False: always/never
 
-    def add(self, scores: Tensor, start: int, global_weight: int = 1) -> None:
+    def add(
+        self,
+        scores: Tensor,
+        start: int,
+        global_weight: int = 1,
+        transposed: bool = False,
+        mirror_start: int | None = None,
+    ) -> None:
         """Count a block of negative scores of query rows ``start .. start + R``.
 
         Args:
             scores: (R, C) scores of negative pairs; pairs to ignore hold ``-inf``.
             start: query index of the block's first row.
-            global_weight: times each score enters the global histogram (2: the
-                block also stands for its transpose, whose rows are counted
-                separately with 0; the per-query counts always count once).
+            global_weight: 1 or 0 (skip the global histogram: per-query counts only).
+            transposed: the block's *columns* are the queries ``start, start + 1, ...``.
+            mirror_start: the block also stands for its transpose, whose rows are the
+                queries ``mirror_start + j``: every score enters the global histogram
+                for them too (their per-query counts come from a ``transposed`` call).
         """
+        if global_weight not in (0, 1):
+            raise ValueError(f"global_weight must be 0 or 1, got {global_weight}")
         if scores.numel() == 0:
             return
-        stop = start + scores.shape[0]
         if self._use_native(scores):
-            self._add_native(scores, start, global_weight)
+            self._add_native(scores, start, global_weight, transposed, mirror_start)
             return
+        if transposed:
+            scores = scores.T.contiguous()
+        stop = start + scores.shape[0]
         counts = self.lookup.count_le(scores)  # (R, C) int64 in [0, G]
-        width = self.grid_size + 1
-        if global_weight and self.num_groups == 1:
-            self.global_hist += global_weight * torch.bincount(counts.view(-1), minlength=width)
-        elif global_weight:
+        if global_weight:
+            width = self.grid_size + 1
             keys = counts + (self.query_group[start:stop] * width).unsqueeze(1)
-            self.global_hist += global_weight * torch.bincount(
-                keys.view(-1), minlength=self.global_hist.numel()
-            )
+            if mirror_start is not None:
+                mirror = self.query_group[mirror_start : mirror_start + scores.shape[1]]
+                keys = torch.cat([keys, counts + (mirror * width).unsqueeze(0)])
+            self.global_hist += torch.bincount(keys.view(-1), minlength=self.global_hist.numel())
         self._add_rows_eager(counts, start, stop)
         if self.boot_knot_index is not None:
             local = self.boot_lut[counts]
@@ -168,7 +180,14 @@ class NegativeCounter:
             return False
         return native.native_library() is not None
 
-    def _add_native(self, scores: Tensor, start: int, global_weight: int) -> None:
+    def _add_native(
+        self,
+        scores: Tensor,
+        start: int,
+        global_weight: int,
+        transposed: bool,
+        mirror_start: int | None,
+    ) -> None:
         threads = max(1, torch.get_num_threads())
         if self._thread_hists is None or self._thread_hists.shape[0] < threads:
             old = self._thread_hists
@@ -181,14 +200,17 @@ class NegativeCounter:
             self._table = native.CellTable(self.lookup.grid)
         boot = self.boot_knot_index is not None
         scores = scores.contiguous()
-        # The kernel counts a call in 32 bits: keep weight x pairs below 2^31.
-        step = max(1, ((1 << 30) // max(1, global_weight)) // max(1, scores.shape[1]))
+        # The kernel counts a call in 32 bits (a mirrored score counts twice): keep
+        # 2 x pairs per call below 2^31. Row slices add up exactly (for a transposed
+        # block they split every query's column).
+        step = max(1, (1 << 29) // max(1, scores.shape[1]))
         for r0 in range(0, scores.shape[0], step):
             native.count_block(
                 scores[r0 : r0 + step], self._table, self.query_group, self._thread_hists,
-                start + r0, self.own_index, self.own_offsets, self.row_hist,
-                self.boot_lut if boot else None, self.boot_hist if boot else None,
-                self.boot_width, global_weight, threads,
+                start if transposed else start + r0, self.own_index, self.own_offsets,
+                self.row_hist, self.boot_lut if boot else None,
+                self.boot_hist if boot else None, self.boot_width, global_weight, threads,
+                transposed, mirror_start,
             )  # fmt: skip
 
     def finish(self) -> tuple[Tensor, Tensor, Tensor | None]:

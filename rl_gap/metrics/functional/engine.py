@@ -11,19 +11,26 @@ by label so positives sit in few blocks:
    (``NegativeCounter``: O(1) per pair).
 
 Blocks of step 1 are kept for step 2 within ``cache_bytes``. Memory is
-O(P + groups·G + block) besides the embeddings.
+O(P + groups·G + block) besides the embeddings. Leave-one-out on one embedding
+set computes only the blocks on and above the diagonal (the scores are
+symmetric): each unordered pair is scored once and counted for both queries.
 """
 
 from __future__ import annotations
 
-import warnings
-
-import numpy as np
 import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional.counting import NegativeCounter
 from rl_gap.metrics.functional.dense import bootstrap_knots, prepare_positives
+from rl_gap.metrics.functional.engine_inputs import (
+    as_tensor,
+    check_embeddings,
+    check_labels,
+    check_query_index,
+    positive_pairs_from_labels,
+    relevant_pairs_from_fn,
+)
 from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
@@ -40,133 +47,6 @@ __all__ = [
     "relevant_pairs_from_fn",
     "check_query_index",
 ]
-
-
-def as_tensor(x, name: str) -> Tensor:
-    """Tensor view of a tensor / numpy array (memory maps stay mapped)."""
-    if isinstance(x, Tensor):
-        return x
-    if isinstance(x, np.ndarray):
-        if x.dtype == object or x.dtype.kind in "USO":
-            raise ValueError(f"{name} must be numeric, got numpy dtype {x.dtype}")
-        with warnings.catch_warnings():
-            # Read-only memory maps: the engine only ever reads them.
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(x)
-    raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
-
-
-def check_embeddings(x: Tensor, name: str) -> None:
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (N, dim), got shape {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
-    step = max(1, (1 << 24) // max(1, x.shape[1]))
-    for start in range(0, x.shape[0], step):
-        if not bool(torch.isfinite(x[start : start + step]).all()):
-            raise ValueError(f"{name} contain NaN or inf")
-
-
-def _check_labels(labels: Tensor, count: int, name: str) -> Tensor:
-    if labels.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(labels.shape)}")
-    if labels.shape[0] != count:
-        raise ValueError(f"{name} has length {labels.shape[0]}, expected {count} (one per row)")
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        if labels.dtype.is_floating_point and not bool((labels == labels.round()).all()):
-            raise ValueError(f"{name} must be integer class ids, got dtype {labels.dtype}")
-    return labels.long()
-
-
-def check_query_index(
-    query_index, num_queries: int, num_database: int, exclude_self: bool = False
-) -> Tensor | None:
-    """Validated self pairs: query i is database row ``query_index[i]`` (CPU int64).
-
-    ``exclude_self=True`` (queries are the database) means ``arange(Q)``. Returns None
-    when no pair is excluded.
-    """
-    if query_index is None:
-        if not exclude_self:
-            return None
-        if num_queries != num_database:
-            raise ValueError(
-                f"exclude_self needs queries == database, got {num_queries} vs {num_database} "
-                "rows (use query_index for a query subset of the database)"
-            )
-        return torch.arange(num_queries)
-    if exclude_self:
-        raise ValueError("give exclude_self or query_index, not both")
-    query_index = as_tensor(query_index, "query_index")
-    if (
-        query_index.dtype.is_floating_point
-        or query_index.dtype.is_complex
-        or query_index.dtype == torch.bool
-    ):
-        raise ValueError(f"query_index must be an integer tensor, got dtype {query_index.dtype}")
-    if query_index.shape != (num_queries,):
-        raise ValueError(
-            f"query_index has shape {tuple(query_index.shape)}, expected ({num_queries},) "
-            "(the database row of each query)"
-        )
-    query_index = query_index.long().cpu()
-    if int(query_index.min()) < 0 or int(query_index.max()) >= num_database:
-        raise ValueError(
-            f"query_index out of range: values must be in [0, {num_database}), got "
-            f"[{int(query_index.min())}, {int(query_index.max())}]"
-        )
-    if unique_sorted(query_index).numel() != num_queries:
-        raise ValueError("query_index has duplicate values: two queries cannot be one database row")
-    return query_index
-
-
-def positive_pairs_from_labels(
-    query_labels: Tensor, database_labels: Tensor, exclude_self: bool
-) -> tuple[Tensor, Tensor]:
-    """All (query, database) index pairs with equal labels, ordered by query.
-
-    Assumes ``database_labels`` is sorted ascending (the engine sorts it).
-    """
-    lo = torch.searchsorted(database_labels, query_labels, right=False)
-    hi = torch.searchsorted(database_labels, query_labels, right=True)
-    counts = hi - lo
-    q_idx = torch.repeat_interleave(torch.arange(query_labels.numel()), counts)
-    starts = torch.repeat_interleave(lo - (torch.cumsum(counts, 0) - counts), counts)
-    d_idx = torch.arange(q_idx.numel()) + starts
-    if exclude_self:
-        keep = q_idx != d_idx
-        q_idx, d_idx = q_idx[keep], d_idx[keep]
-    return q_idx, d_idx
-
-
-def relevant_pairs_from_fn(
-    relevance_fn, num_queries: int, num_database: int, block_size: int = 4096
-) -> tuple[Tensor, Tensor]:
-    """Sparse positives from a relevance function, evaluated block by block.
-
-    Args:
-        relevance_fn: ``fn(query_idx (R,), database_idx (C,)) -> (R, C) bool`` (True =
-            relevant), called on CPU index blocks; never on the whole Q x D grid.
-    Returns:
-        ``(query_idx, database_idx)`` int64 index tensors of the relevant pairs.
-    """
-    q_parts, d_parts = [], []
-    for r0 in range(0, num_queries, block_size):
-        rows = torch.arange(r0, min(num_queries, r0 + block_size))
-        for c0 in range(0, num_database, block_size):
-            cols = torch.arange(c0, min(num_database, c0 + block_size))
-            mask = torch.as_tensor(relevance_fn(rows, cols)).cpu()
-            if mask.shape != (rows.numel(), cols.numel()) or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"relevance_fn must return a bool ({rows.numel()}, {cols.numel()}) tensor, "
-                    f"got {mask.dtype} {tuple(mask.shape)}"
-                )
-            i, j = mask.nonzero(as_tuple=True)
-            q_parts.append(i + r0)
-            d_parts.append(j + c0)
-    return torch.cat(q_parts), torch.cat(d_parts)
 
 
 def _blocks(size: int, step: int) -> list[tuple[int, int]]:
@@ -198,6 +78,7 @@ def _state_from_embeddings(
     bootstrap_budget: int = 0,
     cache_bytes: int = 256 << 20,
     validated: bool = False,
+    symmetric: bool | None = None,
     heavy_threads: int = 1,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
@@ -217,6 +98,9 @@ def _state_from_embeddings(
         bootstrap_budget: per-query knot counts kept for the gAP bootstrap (0: none).
         cache_bytes: memory for keeping positive blocks between the two steps.
         validated: skip the NaN/inf scan of the embeddings (the caller did it).
+        symmetric: leave-one-out on one embedding set (``database`` None or the same
+            tensor, labels, square blocks): compute each unordered pair once, so
+            (i, j) and (j, i) share one value (None: whenever possible; False: never).
         heavy_threads: CPU threads for the GEMM blocks and the counting kernel.
     """
     queries = as_tensor(queries, "queries")
@@ -256,8 +140,8 @@ def _state_from_embeddings(
                 database_labels = query_labels
             else:
                 raise ValueError("give query_labels and database_labels, or relevant_pairs")
-        q_lab = _check_labels(as_tensor(query_labels, "query_labels").cpu(), num_q, "query_labels")
-        d_lab = _check_labels(
+        q_lab = check_labels(as_tensor(query_labels, "query_labels").cpu(), num_q, "query_labels")
+        d_lab = check_labels(
             as_tensor(database_labels, "database_labels").cpu(), num_d, "database_labels"
         )
         if self_index is not None and not bool((q_lab == d_lab[self_index]).all()):
@@ -281,8 +165,21 @@ def _state_from_embeddings(
     row_blocks, col_blocks = _blocks(num_q, rows_step), _blocks(num_d, cols_step)
     db_sorted = database[perm_d] if relevant_pairs is None else database
     db_dev = db_sorted.to(device=device, dtype=dtype)
+    # Leave-one-out on one embedding set: the score matrix is symmetric, so only
+    # blocks on or above the diagonal are computed; block (r, c) also stands for
+    # (c, r). Pair (j, i) gets the very value computed for (i, j) (one tie, never
+    # two roundings of the same similarity), and the GEMM and global counting halve.
+    symmetric = (
+        symmetric is not False
+        and exclude_self
+        and relevant_pairs is None
+        and database is queries
+        and rows_step == cols_step
+    )
 
     def query_block(r0: int, r1: int) -> Tensor:
+        if symmetric:
+            return db_dev[r0:r1]
         return queries[perm_q[r0:r1]].to(device=device, dtype=dtype)
 
     def mask_self(block: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
@@ -299,9 +196,15 @@ def _state_from_embeddings(
             return q_blk @ db_dev[c0:c1].T
 
     n_col_blocks = len(col_blocks)
-    block_id = (q_idx // rows_step) * n_col_blocks + d_idx // cols_step
+    # Where each positive's score is read: (row, column) of its block.
+    read_q, read_d = q_idx, d_idx
+    if symmetric:
+        lower = (q_idx // rows_step) > (d_idx // cols_step)
+        read_q, read_d = torch.where(lower, d_idx, q_idx), torch.where(lower, q_idx, d_idx)
+    block_id = (read_q // rows_step) * n_col_blocks + read_d // cols_step
     order = argsort_stable(block_id)
     q_idx, d_idx, block_id = q_idx[order], d_idx[order], block_id[order]
+    read_q, read_d = read_q[order], read_d[order]
     ids, counts = torch.unique_consecutive(block_id, return_counts=True)
     bounds = torch.cumsum(counts, 0).tolist()
     block_pairs: dict[int, tuple[Tensor, Tensor]] = {}
@@ -312,8 +215,8 @@ def _state_from_embeddings(
     for bid, stop in zip(ids.tolist(), bounds):
         rb, cb = divmod(bid, n_col_blocks)
         (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
-        rows = (q_idx[start:stop] - r0).to(device)
-        cols = (d_idx[start:stop] - c0).to(device)
+        rows = (read_q[start:stop] - r0).to(device)
+        cols = (read_d[start:stop] - c0).to(device)
         block = gemm(r0, r1, c0, c1)
         pos_scores[start:stop] = block[rows, cols]
         block_pairs[bid] = (rows, cols)
@@ -351,6 +254,8 @@ def _state_from_embeddings(
         for rb, (r0, r1) in enumerate(row_blocks):
             q_blk = query_block(r0, r1)
             for cb, (c0, c1) in enumerate(col_blocks):
+                if symmetric and cb < rb:
+                    continue
                 bid = rb * n_col_blocks + cb
                 block = cache.pop(bid, None)
                 if block is None:
@@ -360,7 +265,15 @@ def _state_from_embeddings(
                         block[rows, cols] = float("-inf")
                     mask_self(block, r0, r1, c0, c1)
                 with torch_threads(heavy_threads):
-                    counter.add(block, r0)
+                    if not symmetric or cb == rb:
+                        counter.add(block, r0)
+                        continue
+                    # Positives of the column queries sit at the mirrored places
+                    # (labels are symmetric), so the masked block serves both sides:
+                    # the row pass counts each score globally for both queries, the
+                    # transposed pass adds the column queries' own counts.
+                    counter.add(block, r0, mirror_start=c0)
+                    counter.add(block, c0, global_weight=0, transposed=True)
         pos_neg_ge, grid_neg_ge, boot = counter.finish()
 
     # ---- back to the caller's query order

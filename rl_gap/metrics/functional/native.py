@@ -79,7 +79,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for suffix in ("f32", "f64"):
         getattr(lib, f"rl_gap_build_{suffix}").argtypes = [p, i64, i64, p, p]
         getattr(lib, f"rl_gap_count_{suffix}").argtypes = (
-            [p, i64, i64, p, i64, p, p, i64, p, p, i64, i64, p, p, p, p, p, i64, i32, ctypes.c_int]
+            [p, i64, i64, i32, p, i64, p, p, i64, p, p, i64, i64, p, p, p, p, p, i64, i32,
+             i64, ctypes.c_int]
         )  # fmt: skip
 
 
@@ -149,11 +150,16 @@ def count_block(
     boot_width: int,
     global_weight: int,
     threads: int,
+    transposed: bool = False,
+    mirror_start: int | None = None,
 ) -> None:
     """Count one (R, C) block of negative scores in place (see ``NegativeCounter``).
 
-    ``thread_hists`` is (>= threads, groups·(G+1)) int64; ``global_weight`` adds
-    each score that many times to the global histogram (0: own counts only).
+    Rows are queries ``row_start, row_start + 1, ...``; with ``transposed`` the
+    columns are (the block holds their scores as its columns). ``thread_hists`` is
+    (>= threads, groups·(G+1)) int64; ``global_weight`` 0 skips the global
+    histogram (own counts only); ``mirror_start`` also counts every score globally
+    for the column query ``mirror_start + j`` (the block stands for its transpose).
     """
     lib = native_library()
     if scores.dtype != table.grid.dtype or not scores.is_contiguous():
@@ -161,11 +167,13 @@ def count_block(
     empty = thread_hists[:0]
     fn = getattr(lib, f"rl_gap_count_{table.suffix}")
     fn(
-        scores.data_ptr(), scores.shape[0], scores.shape[1], table.lo_scale.data_ptr(),
+        scores.data_ptr(), scores.shape[0], scores.shape[1], int(transposed),
+        table.lo_scale.data_ptr(),
         table.num_cells, table.table.data_ptr(), table.grid.data_ptr(), table.grid.numel(),
         query_group.data_ptr(), thread_hists.data_ptr(), thread_hists.shape[1], row_start,
         own_index.data_ptr(), own_offsets.data_ptr(), row_hist.data_ptr(),
         (boot_lut if boot_lut is not None else empty).data_ptr(),
         (boot_hist if boot_hist is not None else empty).data_ptr(),
-        boot_width, int(global_weight), max(1, min(threads, thread_hists.shape[0])),
+        boot_width, int(global_weight), -1 if mirror_start is None else int(mirror_start),
+        max(1, min(threads, thread_hists.shape[0])),
     )  # fmt: skip

@@ -117,82 +117,155 @@ void build_impl(const T* GR, int64_t G, int64_t num_cells, Cell<T>* table, T* lo
 }
 
 template <typename T>
-void count_impl(const T* S, int64_t R, int64_t C, const T* lo_scale, int64_t num_cells,
-                const Cell<T>* table, const T* GR, int64_t G, const int64_t* QG, int64_t* TH,
-                int64_t gwidth, int64_t row_start, const int64_t* OI, const int64_t* OO,
-                int64_t* RH, const int64_t* BL, int64_t* BH, int64_t boot_width,
-                int32_t global_weight, int num_threads) {
-  const CellMap<T> map{lo_scale[0], lo_scale[1], static_cast<T>(num_cells + 1)};
+struct Problem {
+  CellMap<T> map;
+  const Cell<T>* table;
+  const T* GR;  // grid (G ascending distinct values)
+  int64_t G;
+  const int64_t* QG;  // query -> group
+  int64_t* TH;        // (threads, gwidth) int64 global histograms
+  int64_t gwidth;
+  const int64_t *OI, *OO;  // own distinct positives (grid positions), CSR by query
+  int64_t* RH;             // per-query own bins
+  const int64_t* BL;       // grid position -> bootstrap bin
+  int64_t* BH;             // (Q, boot_width) bootstrap histograms
+  int64_t boot_width;
+  int32_t global_weight;  // 0: per-query counts only
+  int64_t mirror_start;   // >= 0: each score also counts for column query mirror_start + j
+};
+
+// Per-thread buffers, sized for rows of n scores.
+struct Scratch {
+  std::vector<int32_t> local, cell_of, above_lo, gpos;
+  Scratch(int64_t gwidth, int64_t n) : local(gwidth, 0), cell_of(n), above_lo(n), gpos(n) {}
+};
+
+// Counts one row: the negatives of query q (n scores; excluded pairs hold -inf).
+template <typename T>
+void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch& scratch) {
+  const int64_t* own = p.OI + p.OO[q];
+  const int64_t m = p.OO[q + 1] - p.OO[q];
+  int32_t* gp = scratch.gpos.data();
+  // g = #grid values <= s is needed per score for the global histogram, the
+  // bootstrap and long own lists; short own lists compare directly.
+  if (p.global_weight > 0 || p.boot_width > 0 || m > kDirectOwn) {
+    int32_t* cell_of = scratch.cell_of.data();
+    int32_t* above_lo = scratch.above_lo.data();
+    cells(row, n, p.map, cell_of);
+    // Scores in cell 0 lie below every grid value (g = 0, counted nowhere):
+    // compact the others (branch-free) so only they pay for the lookup and the
+    // histogram increment (a scattered store costs ~3 ns here).
+    int64_t kept = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      above_lo[kept] = static_cast<int32_t>(j);
+      kept += cell_of[j] > 0;
+    }
+    if (p.boot_width > 0 || m > kDirectOwn) std::fill(gp, gp + n, 0);
+    int32_t* hist = p.global_weight > 0 ? scratch.local.data() : nullptr;
+    const int64_t row_group = p.QG[q] * (p.G + 1);
+    const int64_t* column_group = p.mirror_start >= 0 ? p.QG + p.mirror_start : nullptr;
+    for (int64_t k = 0; k < kept; ++k) {
+      const int64_t j = above_lo[k];
+      const T s = row[j];
+      const Cell<T>& cell = p.table[cell_of[j]];
+      int64_t g = static_cast<int64_t>(cell.base & ~kCrowded) + (s >= cell.first);
+      if (__builtin_expect((cell.base & kCrowded) != 0, 0)) {
+        while (g < p.G && p.GR[g] <= s) ++g;
+      }
+      gp[j] = static_cast<int32_t>(g);
+      if (!hist) continue;  // bin 0 (rounding at lo) is never read
+      if (!column_group) {
+        ++hist[row_group + g];
+        continue;
+      }
+      // The mirrored pair (column query j, this row) has the same score: one
+      // increment of 2 when both queries share a group (the usual case).
+      const int64_t col_group = column_group[j] * (p.G + 1);
+      if (col_group == row_group) {
+        hist[row_group + g] += 2;
+      } else {
+        ++hist[row_group + g];
+        ++hist[col_group + g];
+      }
+    }
+  }
+  if (p.boot_width > 0) {
+    int64_t* b_row = p.BH + q * p.boot_width;
+    for (int64_t j = 0; j < n; ++j) ++b_row[p.BL[gp[j]]];
+  }
+  // The query's own distinct positives: bin k = negatives >= exactly k of them.
+  if (m == 0) return;
+  int64_t* h_row = p.RH + p.OO[q] + q;
+  if (m <= kDirectOwn) {
+    int64_t above[kDirectOwn];
+    for (int64_t t = 0; t < m; ++t) above[t] = count_ge(row, n, p.GR[own[t]]);
+    for (int64_t t = 0; t + 1 < m; ++t) h_row[t + 1] += above[t] - above[t + 1];
+    h_row[m] += above[m - 1];
+    return;
+  }
+  const int64_t own_min = own[0];
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t g = gp[j];
+    if (g <= own_min) continue;
+    int64_t a = 0, b = m;  // #own positions < g
+    while (a < b) {
+      const int64_t mid = (a + b) >> 1;
+      if (own[mid] < g) a = mid + 1; else b = mid;
+    }
+    ++h_row[a];
+  }
+}
+
+// 32-bit counts per call (a call adds < 2^31 per bin), flushed into the thread's
+// 64-bit histogram: half the cache footprint of 64-bit bins.
+template <typename T>
+void flush(const Problem<T>& p, Scratch& scratch) {
+  if (p.global_weight == 0) return;
+  int64_t* out = p.TH + omp_get_thread_num() * p.gwidth;
+  for (int64_t i = 0; i < p.gwidth; ++i) out[i] += scratch.local[i];
+}
+
+// Rows of the (R, C) block are queries first_query, first_query + 1, ...
+template <typename T>
+void count_rows(const Problem<T>& p, const T* S, int64_t R, int64_t C, int64_t first_query,
+                int num_threads) {
 #pragma omp parallel num_threads(num_threads)
   {
-    // 32-bit counts per call (a block holds < 2^30 pairs), flushed into this
-    // thread's 64-bit histogram at the end: half the cache footprint.
-    std::vector<int32_t> local(global_weight > 0 ? gwidth : 0, 0);
-    std::vector<int32_t> cell_of(C), above_lo(C), gpos(C);
-    int32_t* gp = gpos.data();
+    Scratch scratch(p.global_weight > 0 ? p.gwidth : 0, C);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t q = row_start + r;
-      const T* row = S + r * C;
-      const int64_t* own = OI + OO[q];
-      const int64_t m = OO[q + 1] - OO[q];
-      // g = #grid values <= s is needed per element for the global histogram,
-      // the bootstrap and long own lists; short own lists compare directly.
-      const bool per_element = global_weight > 0 || boot_width > 0 || m > kDirectOwn;
-      if (per_element) {
-        cells(row, C, map, cell_of.data());
-        // Scores in cell 0 lie below every grid value (g = 0, counted nowhere):
-        // compact the others (branch-free) so only they pay for the lookup and
-        // the histogram increment (a scattered store costs ~3 ns here).
-        int64_t n = 0;
-        for (int64_t j = 0; j < C; ++j) {
-          above_lo[n] = static_cast<int32_t>(j);
-          n += cell_of[j] > 0;
-        }
-        if (boot_width > 0 || m > kDirectOwn) std::fill(gp, gp + C, 0);
-        int32_t* hist = global_weight > 0 ? local.data() + QG[q] * (G + 1) : nullptr;
-        for (int64_t k = 0; k < n; ++k) {
-          const int64_t j = above_lo[k];
-          const T s = row[j];
-          const Cell<T>& cell = table[cell_of[j]];
-          int64_t g = static_cast<int64_t>(cell.base & ~kCrowded) + (s >= cell.first);
-          if (__builtin_expect((cell.base & kCrowded) != 0, 0)) {
-            while (g < G && GR[g] <= s) ++g;
-          }
-          gp[j] = static_cast<int32_t>(g);
-          if (hist) hist[g] += global_weight;  // bin 0 (rounding at lo) is never read
+    for (int64_t r = 0; r < R; ++r) count_row(p, S + r * C, C, first_query + r, scratch);
+    flush(p, scratch);
+  }
+}
+
+constexpr int64_t kStrip = 32;  // columns transposed at once (32 x R scores per thread)
+
+// Columns of the (R, C) block are the queries: strips of columns are transposed
+// into a thread buffer in 8 x 8 tiles (one cache line written per 8 scores,
+// not one per score) and counted as rows.
+template <typename T>
+void count_columns(const Problem<T>& p, const T* S, int64_t R, int64_t C, int64_t first_query,
+                   int num_threads) {
+  const int64_t strips = (C + kStrip - 1) / kStrip;
+#pragma omp parallel num_threads(num_threads)
+  {
+    Scratch scratch(p.global_weight > 0 ? p.gwidth : 0, R);
+    std::vector<T> buffer(kStrip * R);
+#pragma omp for schedule(static)
+    for (int64_t strip = 0; strip < strips; ++strip) {
+      const int64_t c0 = strip * kStrip, width = std::min(kStrip, C - c0);
+      for (int64_t i0 = 0; i0 < R; i0 += 8) {
+        const int64_t i1 = std::min(R, i0 + 8);
+        for (int64_t w0 = 0; w0 < width; w0 += 8) {
+          const int64_t w1 = std::min(width, w0 + 8);
+          for (int64_t w = w0; w < w1; ++w)
+            for (int64_t i = i0; i < i1; ++i) buffer[w * R + i] = S[i * C + c0 + w];
         }
       }
-      if (boot_width > 0) {
-        int64_t* b_row = BH + q * boot_width;
-        for (int64_t j = 0; j < C; ++j) ++b_row[BL[gp[j]]];
-      }
-      // This query's own distinct positives: bin k = negatives >= exactly k of them.
-      if (m == 0) continue;
-      int64_t* h_row = RH + OO[q] + q;
-      if (m <= kDirectOwn) {
-        int64_t above[kDirectOwn];
-        for (int64_t t = 0; t < m; ++t) above[t] = count_ge(row, C, GR[own[t]]);
-        for (int64_t t = 0; t + 1 < m; ++t) h_row[t + 1] += above[t] - above[t + 1];
-        h_row[m] += above[m - 1];
-      } else {
-        const int64_t own_min = own[0];
-        for (int64_t j = 0; j < C; ++j) {
-          const int64_t g = gp[j];
-          if (g <= own_min) continue;
-          int64_t a = 0, b = m;  // #own positions < g
-          while (a < b) {
-            const int64_t mid = (a + b) >> 1;
-            if (own[mid] < g) a = mid + 1; else b = mid;
-          }
-          ++h_row[a];
-        }
-      }
+      for (int64_t w = 0; w < width; ++w)
+        count_row(p, buffer.data() + w * R, R, first_query + c0 + w, scratch);
     }
-    if (global_weight > 0) {
-      int64_t* out = TH + omp_get_thread_num() * gwidth;
-      for (int64_t i = 0; i < gwidth; ++i) out[i] += local[i];
-    }
+    flush(p, scratch);
   }
 }
 
@@ -208,13 +281,18 @@ extern "C" int64_t rl_gap_cell_bytes(int is_double) {
     build_impl<T>(GR, G, num_cells, static_cast<Cell<T>*>(table), lo_scale);                   \
   }                                                                                             \
   extern "C" void rl_gap_count_##SUFFIX(                                                        \
-      const T* S, int64_t R, int64_t C, const T* lo_scale, int64_t num_cells, const void* table, \
-      const T* GR, int64_t G, const int64_t* QG, int64_t* TH, int64_t gwidth, int64_t row_start, \
-      const int64_t* OI, const int64_t* OO, int64_t* RH, const int64_t* BL, int64_t* BH,        \
-      int64_t boot_width, int32_t global_weight, int num_threads) {                             \
-    count_impl<T>(S, R, C, lo_scale, num_cells, static_cast<const Cell<T>*>(table), GR, G, QG,  \
-                  TH, gwidth, row_start, OI, OO, RH, BL, BH, boot_width, global_weight,         \
-                  num_threads);                                                                 \
+      const T* S, int64_t R, int64_t C, int32_t transposed, const T* lo_scale,                 \
+      int64_t num_cells, const void* table, const T* GR, int64_t G, const int64_t* QG,          \
+      int64_t* TH, int64_t gwidth, int64_t first_query, const int64_t* OI, const int64_t* OO,   \
+      int64_t* RH, const int64_t* BL, int64_t* BH, int64_t boot_width, int32_t global_weight,   \
+      int64_t mirror_start, int num_threads) {                                                  \
+    const Problem<T> p{{lo_scale[0], lo_scale[1], static_cast<T>(num_cells + 1)},              \
+                       static_cast<const Cell<T>*>(table), GR, G, QG, TH, gwidth, OI, OO, RH,  \
+                       BL, BH, boot_width, global_weight, mirror_start};                        \
+    if (transposed)                                                                             \
+      count_columns(p, S, R, C, first_query, num_threads);                                      \
+    else                                                                                        \
+      count_rows(p, S, R, C, first_query, num_threads);                                         \
   }
 RL_GAP_EXPORT(f32, float)
 RL_GAP_EXPORT(f64, double)
