@@ -2,11 +2,13 @@
 // tensor path in counting.py computes the same counts and the tests compare them).
 // Plain C ABI, no torch headers, so it builds in about a second; OpenMP threads.
 //
-// Per block row (one query): every score gets a uniform cell (AVX2); scores above
-// the grid's lowest cell are compacted and get their exact grid position
-// g = #grid values <= s from the cell table (one comparison, a short scan in the
-// rare cells holding >= 2 values) and one histogram increment; the query's own
-// positives are counted by direct vectorised comparisons.
+// Per block row (one query): every score gets a uniform cell (AVX2) and the
+// scores above the grid's lowest cell are compacted; only they get their exact
+// grid position g = #grid values <= s from the cell table (one comparison, a
+// short scan in the rare cells holding >= 2 values) and a histogram increment.
+// The query's own positives are counted by vectorised comparisons over the
+// compacted scores. On this project's CPU a store to a new cache line costs
+// ~3 ns, so per-score scatters are what the design avoids.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -18,7 +20,8 @@
 
 namespace {
 
-constexpr int64_t kDirectOwn = 64;  // rows with more own positives search per element
+constexpr int64_t kDirectOwn = 64;  // rows with more own positives search per score
+constexpr int64_t kStrip = 32;      // columns transposed at once (32 x R scores per thread)
 constexpr uint32_t kCrowded = 0x80000000u;
 
 // One uniform cell of the score axis: the grid values below it and its first value.
@@ -29,9 +32,10 @@ struct Cell {
 };
 
 // Monotone score -> cell map; any monotone map is exact because the cell's own
-// values are compared exactly. The top is clamped in floating point (minss) and
-// the bottom as an integer: a floating-point max(x, 0) compiles to a branch that
-// is mispredicted on half the scores (measured 8x slower). -inf -> INT32_MIN -> 0.
+// values are compared exactly. s >= lo gives a cell >= 1 (fl(s - lo) >= 0), so
+// cell 0 holds only scores below every grid value. The top is clamped in floating
+// point (minss), the bottom as an integer: a floating-point max(x, 0) compiled to
+// a branch mispredicted on half the scores (8x slower). -inf -> INT32_MIN -> 0.
 template <typename T>
 struct CellMap {
   T lo, scale, top;
@@ -41,9 +45,31 @@ struct CellMap {
   }
 };
 
+// ---- scalar primitives (and the double path)
+
+// Scores with cell > 0: their index, cell and value, packed; returns how many.
 template <typename T>
-void cells_scalar(const T* row, int64_t n, const CellMap<T>& map, int32_t* out) {
-  for (int64_t j = 0; j < n; ++j) out[j] = map(row[j]);
+int64_t compact_cells_scalar(const T* row, int64_t n, int64_t offset, const CellMap<T>& map,
+                             int32_t* idx, int32_t* cell, T* val) {
+  int64_t kept = 0;
+  for (int64_t j = 0; j < n; ++j) {  // branch-free: always write, advance if kept
+    const int32_t c = map(row[j]);
+    idx[kept] = static_cast<int32_t>(offset + j);
+    cell[kept] = c;
+    val[kept] = row[j];
+    kept += c > 0;
+  }
+  return kept;
+}
+
+template <typename T>
+int64_t compact_ge_scalar(const T* row, int64_t n, T v, T* val) {
+  int64_t kept = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    val[kept] = row[j];
+    kept += row[j] >= v;
+  }
+  return kept;
 }
 
 template <typename T>
@@ -53,20 +79,71 @@ int64_t count_ge_scalar(const T* row, int64_t n, T v) {
   return count;
 }
 
-// AVX2 twins for float32 (same IEEE operations, so the same cells and counts).
-__attribute__((target("avx2"))) void cells_avx2(const float* row, int64_t n,
-                                                const CellMap<float>& map, int32_t* out) {
+// Columns [c0, c0 + width) of the (R, C) block S into rows of out (width x R).
+template <typename T>
+void transpose_scalar(const T* S, int64_t R, int64_t C, int64_t c0, int64_t width, T* out) {
+  for (int64_t i0 = 0; i0 < R; i0 += 8) {  // 8 x 8 tiles: reads and writes stay in cache
+    const int64_t i1 = std::min(R, i0 + 8);
+    for (int64_t w0 = 0; w0 < width; w0 += 8) {
+      const int64_t w1 = std::min(width, w0 + 8);
+      for (int64_t w = w0; w < w1; ++w)
+        for (int64_t i = i0; i < i1; ++i) out[w * R + i] = S[i * C + c0 + w];
+    }
+  }
+}
+
+// ---- AVX2 twins for float32 (the same IEEE operations: same cells and counts)
+
+// Lane permutation that packs the lanes selected by an 8-bit mask to the front.
+struct CompactLut {
+  alignas(32) int32_t lanes[256][8];
+  CompactLut() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int k = 0;
+      for (int lane = 0; lane < 8; ++lane)
+        if (mask >> lane & 1) lanes[mask][k++] = lane;
+      for (; k < 8; ++k) lanes[mask][k] = 0;
+    }
+  }
+};
+const CompactLut kLut;
+
+__attribute__((target("avx2,popcnt"))) int64_t compact_cells_avx2(
+    const float* row, int64_t n, const CellMap<float>& map, int32_t* idx, int32_t* cell,
+    float* val) {
   const __m256 lo = _mm256_set1_ps(map.lo), scale = _mm256_set1_ps(map.scale);
   const __m256 one = _mm256_set1_ps(1.0f), top = _mm256_set1_ps(map.top);
-  const __m256i zero = _mm256_setzero_si256();
-  int64_t j = 0;
+  const __m256i zero = _mm256_setzero_si256(), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t kept = 0, j = 0;
   for (; j + 8 <= n; j += 8) {
-    __m256 x = _mm256_sub_ps(_mm256_loadu_ps(row + j), lo);
-    x = _mm256_add_ps(_mm256_mul_ps(x, scale), one);
-    const __m256i c = _mm256_cvttps_epi32(_mm256_min_ps(x, top));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm256_max_epi32(c, zero));
+    const __m256 s = _mm256_loadu_ps(row + j);
+    const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(s, lo), scale), one);
+    const __m256i c = _mm256_max_epi32(_mm256_cvttps_epi32(_mm256_min_ps(x, top)), zero);
+    const int mask = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(c, zero)));
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLut.lanes[mask]));
+    const __m256i at = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(j)), lane);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + kept),
+                        _mm256_permutevar8x32_epi32(at, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cell + kept),
+                        _mm256_permutevar8x32_epi32(c, perm));
+    _mm256_storeu_ps(val + kept, _mm256_permutevar8x32_ps(s, perm));
+    kept += _mm_popcnt_u32(static_cast<unsigned>(mask));
   }
-  cells_scalar(row + j, n - j, map, out + j);
+  return kept + compact_cells_scalar(row + j, n - j, j, map, idx + kept, cell + kept, val + kept);
+}
+
+__attribute__((target("avx2,popcnt"))) int64_t compact_ge_avx2(const float* row, int64_t n,
+                                                               float v, float* val) {
+  const __m256 value = _mm256_set1_ps(v);
+  int64_t kept = 0, j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 s = _mm256_loadu_ps(row + j);
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(s, value, _CMP_GE_OQ));
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLut.lanes[mask]));
+    _mm256_storeu_ps(val + kept, _mm256_permutevar8x32_ps(s, perm));
+    kept += _mm_popcnt_u32(static_cast<unsigned>(mask));
+  }
+  return kept + compact_ge_scalar(row + j, n - j, v, val + kept);
 }
 
 __attribute__((target("avx2"))) int64_t count_ge_avx2(const float* row, int64_t n, float v) {
@@ -84,18 +161,69 @@ __attribute__((target("avx2"))) int64_t count_ge_avx2(const float* row, int64_t 
   return count + count_ge_scalar(row + j, n - j, v);
 }
 
-const bool kAvx2 = __builtin_cpu_supports("avx2");
-
-void cells(const float* row, int64_t n, const CellMap<float>& map, int32_t* out) {
-  kAvx2 ? cells_avx2(row, n, map, out) : cells_scalar(row, n, map, out);
+__attribute__((target("avx2"))) void transpose_avx2(const float* S, int64_t R, int64_t C,
+                                                    int64_t c0, int64_t width, float* out) {
+  const int64_t full_rows = R / 8 * 8, full_cols = width / 8 * 8;
+  for (int64_t i0 = 0; i0 < full_rows; i0 += 8) {
+    for (int64_t w0 = 0; w0 < full_cols; w0 += 8) {
+      const float* src = S + i0 * C + c0 + w0;
+      __m256 r[8], t[8];
+      for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * C);
+      for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+      }
+      for (int k = 0; k < 8; k += 4) {
+        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+      float* dst = out + w0 * R + i0;
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(dst + k * R, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+        _mm256_storeu_ps(dst + (k + 4) * R, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+      }
+    }
+  }
+  // Ragged edges: the last rows of every column, the last columns of the full rows.
+  for (int64_t w = 0; w < width; ++w)
+    for (int64_t i = full_rows; i < R; ++i) out[w * R + i] = S[i * C + c0 + w];
+  for (int64_t w = full_cols; w < width; ++w)
+    for (int64_t i = 0; i < full_rows; ++i) out[w * R + i] = S[i * C + c0 + w];
 }
-void cells(const double* row, int64_t n, const CellMap<double>& map, int32_t* out) {
-  cells_scalar(row, n, map, out);
+
+// ---- dispatch
+
+const bool kAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+
+int64_t compact_cells(const float* row, int64_t n, const CellMap<float>& map, int32_t* idx,
+                      int32_t* cell, float* val) {
+  return kAvx2 ? compact_cells_avx2(row, n, map, idx, cell, val)
+               : compact_cells_scalar(row, n, 0, map, idx, cell, val);
+}
+int64_t compact_cells(const double* row, int64_t n, const CellMap<double>& map, int32_t* idx,
+                      int32_t* cell, double* val) {
+  return compact_cells_scalar(row, n, 0, map, idx, cell, val);
+}
+int64_t compact_ge(const float* row, int64_t n, float v, float* val) {
+  return kAvx2 ? compact_ge_avx2(row, n, v, val) : compact_ge_scalar(row, n, v, val);
+}
+int64_t compact_ge(const double* row, int64_t n, double v, double* val) {
+  return compact_ge_scalar(row, n, v, val);
 }
 int64_t count_ge(const float* row, int64_t n, float v) {
   return kAvx2 ? count_ge_avx2(row, n, v) : count_ge_scalar(row, n, v);
 }
 int64_t count_ge(const double* row, int64_t n, double v) { return count_ge_scalar(row, n, v); }
+void transpose(const float* S, int64_t R, int64_t C, int64_t c0, int64_t width, float* out) {
+  kAvx2 ? transpose_avx2(S, R, C, c0, width, out) : transpose_scalar(S, R, C, c0, width, out);
+}
+void transpose(const double* S, int64_t R, int64_t C, int64_t c0, int64_t width, double* out) {
+  transpose_scalar(S, R, C, c0, width, out);
+}
+
+// ---- the counter
 
 template <typename T>
 void build_impl(const T* GR, int64_t G, int64_t num_cells, Cell<T>* table, T* lo_scale) {
@@ -134,45 +262,41 @@ struct Problem {
   int64_t mirror_start;   // >= 0: each score also counts for column query mirror_start + j
 };
 
-// Per-thread buffers, sized for rows of n scores.
+// Per-thread buffers for rows of n scores (+8: vector stores past the packed end).
+template <typename T>
 struct Scratch {
-  std::vector<int32_t> local, cell_of, above_lo, gpos;
-  Scratch(int64_t gwidth, int64_t n) : local(gwidth, 0), cell_of(n), above_lo(n), gpos(n) {}
+  std::vector<int32_t> local, idx, cell, gpos;
+  std::vector<T> val;
+  Scratch(int64_t gwidth, int64_t n)
+      : local(gwidth, 0), idx(n + 8), cell(n + 8), gpos(n), val(n + 8) {}
 };
 
 // Counts one row: the negatives of query q (n scores; excluded pairs hold -inf).
 template <typename T>
-void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch& scratch) {
+void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch<T>& scratch) {
   const int64_t* own = p.OI + p.OO[q];
   const int64_t m = p.OO[q + 1] - p.OO[q];
+  const bool need_g = p.boot_width > 0 || m > kDirectOwn;  // g of every score
   int32_t* gp = scratch.gpos.data();
-  // g = #grid values <= s is needed per score for the global histogram, the
-  // bootstrap and long own lists; short own lists compare directly.
-  if (p.global_weight > 0 || p.boot_width > 0 || m > kDirectOwn) {
-    int32_t* cell_of = scratch.cell_of.data();
-    int32_t* above_lo = scratch.above_lo.data();
-    cells(row, n, p.map, cell_of);
-    // Scores in cell 0 lie below every grid value (g = 0, counted nowhere):
-    // compact the others (branch-free) so only they pay for the lookup and the
-    // histogram increment (a scattered store costs ~3 ns here).
-    int64_t kept = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      above_lo[kept] = static_cast<int32_t>(j);
-      kept += cell_of[j] > 0;
-    }
-    if (p.boot_width > 0 || m > kDirectOwn) std::fill(gp, gp + n, 0);
+  T* val = scratch.val.data();
+  int64_t candidates = 0;  // val[0, candidates) holds every score >= the query's lowest own value
+  if (p.global_weight > 0 || need_g) {
+    int32_t* idx = scratch.idx.data();
+    int32_t* cell_of = scratch.cell.data();
+    const int64_t kept = compact_cells(row, n, p.map, idx, cell_of, val);
+    candidates = kept;  // own values are grid values >= lo: cell-0 scores are below them
+    if (need_g) std::fill(gp, gp + n, 0);
     int32_t* hist = p.global_weight > 0 ? scratch.local.data() : nullptr;
     const int64_t row_group = p.QG[q] * (p.G + 1);
     const int64_t* column_group = p.mirror_start >= 0 ? p.QG + p.mirror_start : nullptr;
     for (int64_t k = 0; k < kept; ++k) {
-      const int64_t j = above_lo[k];
-      const T s = row[j];
-      const Cell<T>& cell = p.table[cell_of[j]];
+      const T s = val[k];
+      const Cell<T>& cell = p.table[cell_of[k]];
       int64_t g = static_cast<int64_t>(cell.base & ~kCrowded) + (s >= cell.first);
       if (__builtin_expect((cell.base & kCrowded) != 0, 0)) {
         while (g < p.G && p.GR[g] <= s) ++g;
       }
-      gp[j] = static_cast<int32_t>(g);
+      if (need_g) gp[idx[k]] = static_cast<int32_t>(g);
       if (!hist) continue;  // bin 0 (rounding at lo) is never read
       if (!column_group) {
         ++hist[row_group + g];
@@ -180,7 +304,7 @@ void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch&
       }
       // The mirrored pair (column query j, this row) has the same score: one
       // increment of 2 when both queries share a group (the usual case).
-      const int64_t col_group = column_group[j] * (p.G + 1);
+      const int64_t col_group = column_group[idx[k]] * (p.G + 1);
       if (col_group == row_group) {
         hist[row_group + g] += 2;
       } else {
@@ -188,6 +312,8 @@ void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch&
         ++hist[col_group + g];
       }
     }
+  } else if (m > 0) {
+    candidates = compact_ge(row, n, p.GR[own[0]], val);
   }
   if (p.boot_width > 0) {
     int64_t* b_row = p.BH + q * p.boot_width;
@@ -198,7 +324,7 @@ void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch&
   int64_t* h_row = p.RH + p.OO[q] + q;
   if (m <= kDirectOwn) {
     int64_t above[kDirectOwn];
-    for (int64_t t = 0; t < m; ++t) above[t] = count_ge(row, n, p.GR[own[t]]);
+    for (int64_t t = 0; t < m; ++t) above[t] = count_ge(val, candidates, p.GR[own[t]]);
     for (int64_t t = 0; t + 1 < m; ++t) h_row[t + 1] += above[t] - above[t + 1];
     h_row[m] += above[m - 1];
     return;
@@ -219,7 +345,7 @@ void count_row(const Problem<T>& p, const T* row, int64_t n, int64_t q, Scratch&
 // 32-bit counts per call (a call adds < 2^31 per bin), flushed into the thread's
 // 64-bit histogram: half the cache footprint of 64-bit bins.
 template <typename T>
-void flush(const Problem<T>& p, Scratch& scratch) {
+void flush(const Problem<T>& p, Scratch<T>& scratch) {
   if (p.global_weight == 0) return;
   int64_t* out = p.TH + omp_get_thread_num() * p.gwidth;
   for (int64_t i = 0; i < p.gwidth; ++i) out[i] += scratch.local[i];
@@ -231,37 +357,28 @@ void count_rows(const Problem<T>& p, const T* S, int64_t R, int64_t C, int64_t f
                 int num_threads) {
 #pragma omp parallel num_threads(num_threads)
   {
-    Scratch scratch(p.global_weight > 0 ? p.gwidth : 0, C);
+    Scratch<T> scratch(p.global_weight > 0 ? p.gwidth : 0, C);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; ++r) count_row(p, S + r * C, C, first_query + r, scratch);
     flush(p, scratch);
   }
 }
 
-constexpr int64_t kStrip = 32;  // columns transposed at once (32 x R scores per thread)
-
 // Columns of the (R, C) block are the queries: strips of columns are transposed
-// into a thread buffer in 8 x 8 tiles (one cache line written per 8 scores,
-// not one per score) and counted as rows.
+// into a thread buffer in 8 x 8 tiles (a cache line written per 8 scores, not per
+// score) and counted as rows.
 template <typename T>
 void count_columns(const Problem<T>& p, const T* S, int64_t R, int64_t C, int64_t first_query,
                    int num_threads) {
   const int64_t strips = (C + kStrip - 1) / kStrip;
 #pragma omp parallel num_threads(num_threads)
   {
-    Scratch scratch(p.global_weight > 0 ? p.gwidth : 0, R);
+    Scratch<T> scratch(p.global_weight > 0 ? p.gwidth : 0, R);
     std::vector<T> buffer(kStrip * R);
 #pragma omp for schedule(static)
     for (int64_t strip = 0; strip < strips; ++strip) {
       const int64_t c0 = strip * kStrip, width = std::min(kStrip, C - c0);
-      for (int64_t i0 = 0; i0 < R; i0 += 8) {
-        const int64_t i1 = std::min(R, i0 + 8);
-        for (int64_t w0 = 0; w0 < width; w0 += 8) {
-          const int64_t w1 = std::min(width, w0 + 8);
-          for (int64_t w = w0; w < w1; ++w)
-            for (int64_t i = i0; i < i1; ++i) buffer[w * R + i] = S[i * C + c0 + w];
-        }
-      }
+      transpose(S, R, C, c0, width, buffer.data());
       for (int64_t w = 0; w < width; ++w)
         count_row(p, buffer.data() + w * R, R, first_query + c0 + w, scratch);
     }
