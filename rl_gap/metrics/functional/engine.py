@@ -190,10 +190,22 @@ def _state_from_embeddings(
         if rows.numel():
             block[rows.to(block.device), (cols[rows] - c0).to(block.device)] = float("-inf")
 
-    def gemm(r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None) -> Tensor:
+    reusable: list[Tensor] = []
+
+    def gemm(
+        r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None, reuse: bool = False
+    ) -> Tensor:
+        """Score block; ``reuse`` writes it into one recycled buffer (a fresh 16 MB
+        block costs milliseconds of page faults), valid until the next such call."""
         q_blk = query_block(r0, r1) if q_blk is None else q_blk
         with torch_threads(heavy_threads):
-            return q_blk @ db_dev[c0:c1].T
+            if not reuse:
+                return q_blk @ db_dev[c0:c1].T
+            if not reusable:
+                size = min(rows_step, num_q) * min(cols_step, num_d)
+                reusable.append(torch.empty(size, dtype=dtype, device=device))
+            out = reusable[0][: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
+            return torch.mm(q_blk, db_dev[c0:c1].T, out=out)
 
     n_col_blocks = len(col_blocks)
     # Where each positive's score is read: (row, column) of its block.
@@ -259,7 +271,7 @@ def _state_from_embeddings(
                 bid = rb * n_col_blocks + cb
                 block = cache.pop(bid, None)
                 if block is None:
-                    block = gemm(r0, r1, c0, c1, q_blk)
+                    block = gemm(r0, r1, c0, c1, q_blk, reuse=True)
                     if bid in block_pairs:
                         rows, cols = block_pairs[bid]
                         block[rows, cols] = float("-inf")
