@@ -325,6 +325,9 @@ def test_symmetric_native_equals_plain_eager(monkeypatch, dtype):
     kwargs = dict(exclude_self=True, protocol=True, bootstrap=20, map_at=(3,), ceiling=True)
     monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1 << 40)
     plain = evaluate_embeddings(x, x, labels, labels, block_size=(37, 45), **kwargs)
+    # A separate database tensor has no symmetry to use; the eager mirrored path agrees.
+    assert not _same(evaluate_embeddings(x, x.clone(), labels, labels, **kwargs), plain)
+    assert not _same(evaluate_embeddings(x, x, labels, labels, block_size=50, **kwargs), plain)
     monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1)
     calls = []
     add = counting.NegativeCounter.add
