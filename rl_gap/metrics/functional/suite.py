@@ -153,7 +153,8 @@ def evaluate_embeddings(
     check_embeddings(queries_t, "query embeddings")
     if database is not None:
         database = as_tensor(database, "database")
-        check_embeddings(database, "database embeddings")
+        if database is not queries_t:
+            check_embeddings(database, "database embeddings")
     num_q = queries_t.shape[0]
     num_d = num_q if database is None else database.shape[0]
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
