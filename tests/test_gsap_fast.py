@@ -256,3 +256,58 @@ def test_remainder_bound_covers_direct_taylor_errors():
         worst = float(((exact - approx).abs() / exact).max())
         assert worst <= relative_remainder(0.25, order)
         assert relative_remainder(0.25, order) < 0.25 ** (order + 1)
+
+
+def _native_or_skip():
+    from rl_gap.losses import fast_native
+
+    if fast_native.native_library() is None:
+        pytest.skip("no C++ compiler: the optional native passes are unavailable")
+    return fast_native
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tau", TAUS)
+def test_native_passes_match_torch_passes(monkeypatch, dtype, tau):
+    # The optional C++ passes against the torch passes on the same plan: moment
+    # sums to float64 rounding (summation order differs), polynomials to 1 ulp.
+    _native_or_skip()
+    from rl_gap.losses import fast_binning
+    from rl_gap.losses.fast_grid import plan_grid
+
+    gen = torch.Generator().manual_seed(11)
+    scores = (torch.randn(50_000, generator=gen) * 0.1).to(dtype)
+    scores[:3] = torch.tensor([4.0, -4.0, 0.7])  # outside the window: sink rows
+    valid = torch.rand(50_000, generator=gen) < 0.9
+    plan = plan_grid(-0.3, 0.3, -0.2, 0.2, scores.numel(), tau, 1e-7, dtype)
+    table = torch.randn(plan.num_fine + 2, plan.fine_order + 1, dtype=torch.float64)
+    table[0] = table[-1] = 0.0
+    results = {}
+    for native in (True, False):
+        monkeypatch.setattr(fast_binning, "USE_NATIVE", native)
+        moments = fast_binning.fine_moments(scores, plan, valid)
+        values = fast_binning.evaluate_fine(scores, plan, table, torch.empty_like(scores), valid)
+        results[native] = moments, values
+    (m_nat, v_nat), (m_ref, v_ref) = results[True], results[False]
+    scale = m_ref.abs().amax(0).clamp_min(1e-300)
+    assert ((m_nat - m_ref).abs() / scale).max() <= 1e-12
+    assert torch.equal(m_nat[:, 0], m_ref[:, 0])  # counts are exact
+    ulp = torch.finfo(dtype).eps * v_ref.abs().clamp_min(1.0)
+    assert ((v_nat - v_ref).abs() <= 4 * ulp).all()
+    assert torch.all(v_nat[~valid] == 0)
+
+
+@pytest.mark.parametrize("tau", [1e-1, 1e-4])
+def test_torch_passes_match_brute_force(monkeypatch, tau):
+    # The pure-torch passes (CUDA, or CPU without a compiler) against the reference.
+    from rl_gap.losses import fast_binning
+
+    monkeypatch.setattr(fast_binning, "USE_NATIVE", False)
+    scores, positive = square_batch(96, "random", seed=12)
+    valid = torch.rand(scores.numel(), generator=torch.Generator().manual_seed(13)) < 0.95
+    ref_value, ref_grad = brute_force_sap(scores[valid], positive[valid], tau)
+    s = scores.clone().requires_grad_()
+    value = smoothed_ap_fast(s, positive, tau, valid=valid)
+    value.backward()
+    assert abs(float(value) - float(ref_value)) <= 1e-6
+    assert_gradients_match(s.grad[valid], ref_grad)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from rl_gap.losses import fast_native
 from rl_gap.losses.fast_grid import GridPlan
 
 CHUNK_ELEMENTS = 1 << 16
+# Use the optional one-pass CPU library (``fast_native``) when it applies.
+USE_NATIVE = True
 # Devices whose scatter_add_ handles complex128 (two float64 moments per add).
 PAIRED_SCATTER_DEVICES = ("cpu",)
 
@@ -60,6 +63,17 @@ class _Binner:
         return row, offset
 
 
+def _native_grid(plan: GridPlan) -> torch.Tensor:
+    """The binning constants of ``_Binner`` for the native library."""
+    return fast_native.grid_constants(
+        1.0 / plan.h_fine,
+        plan.lo / plan.h_fine,
+        plan.h_fine,
+        plan.lo + 0.5 * plan.h_fine,
+        plan.num_fine,
+    )
+
+
 def fine_moments(
     scores: torch.Tensor, plan: GridPlan, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -69,6 +83,10 @@ def fine_moments(
         (G_f + 2, N_f + 1) float64; row 0 holds the items below the window, the
         last row those above it (only their counts are used).
     """
+    if USE_NATIVE and fast_native.usable(scores, plan.bin_dtype, valid):
+        return fast_native.moments(
+            scores, valid, _native_grid(plan), plan.fine_order, plan.num_fine + 2
+        )
     device = scores.device
     chunk = min(CHUNK_ELEMENTS, max(scores.numel(), 1))
     binner = _Binner(plan, device, chunk)
@@ -115,6 +133,14 @@ def evaluate_fine(
         valid: optional (M,) bool; invalid items read the sink row (0 if the table's is).
     """
     dtype, order = plan.bin_dtype, plan.fine_order
+    if (
+        USE_NATIVE
+        and out.dtype == dtype
+        and out.is_contiguous()
+        and fast_native.usable(scores, dtype, valid)
+    ):
+        fast_native.evaluate(scores, valid, _native_grid(plan), table, out)
+        return out
     # Pad the coefficient rows to whole complex128 words, so one gather reads a row.
     width = order + 1
     per_word = 16 // torch.empty((), dtype=dtype).element_size()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -191,8 +191,28 @@ def fft_size(target: int) -> int:
     return best
 
 
+@lru_cache(maxsize=32)
+def _kernel_spectra(
+    ratio: float, band: int, orders: int, n_fft: int, device: torch.device
+) -> torch.Tensor:
+    """conj(rfft) of σ^(j)(k r), |k| <= K, j < ``orders``, laid out circularly: (J, F).
+
+    Cached: a training run calls this with the same few plans over and over.
+    """
+    offsets = torch.arange(-band, band + 1, device=device, dtype=torch.float64)
+    kernels = sigmoid_derivatives(offsets * ratio, orders - 1).T  # (J, 2K+1)
+    circular = kernels.new_zeros(kernels.shape[0], n_fft)
+    circular[:, : band + 1] = kernels[:, band:]
+    circular[:, n_fft - band :] = kernels[:, :band]
+    return torch.fft.rfft(circular).conj()
+
+
 def correlate_band(moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...]) -> torch.Tensor:
     """``H[a, b, l, C] = sum_{|k|<=K} sum_{n <= N−l} m̃[a, n, C+k] σ^(shifts[b]+n+l)(k r)`` by FFT.
+
+    In the frequency domain ``Ĥ[a, b, l] = sum_n M̂[a, n] K̂[shifts[b] + l + n]`` (a
+    Hankel product): accumulated in place over n into one spectrum buffer, then
+    one batched inverse FFT (no per-(b, l) temporaries of the moment spectra's size).
 
     Args:
         moments: (A, N+1, G) scaled coarse moments m̃_n = m_n r^n / n!.
@@ -203,22 +223,18 @@ def correlate_band(moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...
         (A, len(shifts), N+1, G) float64.
     """
     order, band, size = plan.coarse_order, plan.band, moments.shape[-1]
-    device = moments.device
     n_fft = fft_size(size + band + 1)
-    offsets = torch.arange(-band, band + 1, device=device, dtype=torch.float64)
-    kernels = sigmoid_derivatives(offsets * plan.ratio, order + max(shifts)).T  # (J, 2K+1)
-    circular = kernels.new_zeros(kernels.shape[0], n_fft)
-    circular[:, : band + 1] = kernels[:, band:]
-    circular[:, n_fft - band :] = kernels[:, :band]
-    kernel_f = torch.fft.rfft(circular).conj()  # (J, F)
+    kernel_f = _kernel_spectra(
+        plan.ratio, band, order + max(shifts) + 1, n_fft, moments.device
+    )  # (J, F)
     moment_f = torch.fft.rfft(moments, n_fft)  # (A, N+1, F)
-    out = moments.new_empty(moments.shape[0], len(shifts), order + 1, size)
+    spectrum = moment_f.new_zeros(moments.shape[0], len(shifts), order + 1, moment_f.shape[-1])
     for b, shift in enumerate(shifts):
-        for l in range(order + 1):  # noqa: E741
-            n = order - l + 1
-            spectrum = (moment_f[:, :n] * kernel_f[shift + l : shift + l + n]).sum(1)
-            out[:, b, l] = torch.fft.irfft(spectrum, n_fft)[..., :size]
-    return out
+        for n in range(order + 1):
+            # l = 0..N−n reads kernels shift + n + l.
+            window = kernel_f[shift + n : shift + order + 1].unsqueeze(0)  # (1, N+1−n, F)
+            spectrum[:, b, : order + 1 - n].addcmul_(moment_f[:, n : n + 1], window)
+    return torch.fft.irfft(spectrum, n_fft)[..., :size]
 
 
 def query_powers(offset: torch.Tensor, plan: GridPlan) -> torch.Tensor:

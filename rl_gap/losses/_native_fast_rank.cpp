@@ -1,0 +1,187 @@
+// Optional CPU accelerator for the O(M) passes of the fast smoothed-AP kernel
+// (rl_gap/losses/fast_binning.py holds the reference torch implementation).
+//
+// Plain C ABI (no torch headers), loaded with ctypes by rl_gap/losses/fast_native.py.
+// Each function does in ONE pass over the scores what the torch path does in
+// ~15 chunked elementwise passes plus scatters/gathers:
+//
+//   cell = clamp(floor(s / h_f - lo / h_f), -1, G_f)   (-1 also for invalid items)
+//   row  = cell + 1,  t = clamp((s - (cell h_f + lo + h_f / 2)) / h_f, -1, 1)
+//
+// in the binning dtype T (float when the plan says float32 binning is exact),
+// with the same operations in the same order as the torch path, so cells and
+// offsets are bit-identical. Compiled with -ffp-contract=off (no FMA fusion).
+//
+// Why per-thread (and, for small tables, per-lane) moment tables: a store to a
+// different cache line costs ~3 ns here whatever we do, but back-to-back
+// additions into the same row form a load-add-store dependency chain; spreading
+// consecutive items over `copies` replicas of the table breaks the chain.
+
+#include <algorithm>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Runs body(tid, nth) on `threads` threads (the caller is thread 0). Plain
+// std::thread, not OpenMP: a second OpenMP runtime next to torch's would leave
+// two pools of spinning workers fighting for the cores.
+template <typename F>
+void parallel(int threads, F body) {
+  std::vector<std::thread> pool;
+  for (int tid = 1; tid < threads; ++tid) pool.emplace_back(body, tid, threads);
+  body(0, threads);
+  for (auto& th : pool) th.join();
+}
+
+template <typename T>
+struct Grid {
+  T inv_h, lo_cells, h_fine, first_centre, top;  // top = G_f (as T)
+};
+
+// Rows in the fine tables and offsets t (fine units) of a block of scores.
+// Branch-free and vectorisable: `row` is int32 (G_f < 2^23), and
+// floor(clamp(x, -1, top)) == clamp(floor(x), -1, top) for integer bounds, so
+// clamping first keeps the integer conversion in range.
+template <typename T, bool HasValid>
+inline void bin_block(const T* __restrict s, const uint8_t* __restrict valid, int64_t len,
+                      const Grid<T>& g, int32_t* __restrict row, T* __restrict t) {
+  const T inv_h = g.inv_h, lo_cells = g.lo_cells, h_fine = g.h_fine;
+  const T first_centre = g.first_centre, top = g.top;
+  for (int64_t j = 0; j < len; ++j) {
+    T x = s[j] * inv_h - lo_cells;
+    // Written as maxps/minps patterns (a > b ? a : b): no blend sequences.
+    x = x > T(-1) ? x : T(-1);
+    x = x < top ? x : top;
+    int32_t r = static_cast<int32_t>(x) + 1;
+    r -= static_cast<T>(r - 1) > x ? 1 : 0;
+    // Invalid items go to the sink row 0 (cell -1); a mask, not a branch.
+    if (HasValid) r &= -static_cast<int32_t>(valid[j] != 0);
+    const T centre = static_cast<T>(r - 1) * h_fine + first_centre;
+    T off = (s[j] - centre) * inv_h;
+    off = off > T(-1) ? off : T(-1);
+    off = off < T(1) ? off : T(1);
+    row[j] = r;
+    t[j] = off;
+  }
+}
+
+constexpr int64_t kBlock = 512;
+
+template <typename T, int Order>
+void moments(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_t rows,
+             int64_t width, int copies, double* tables, int threads) {
+  const int64_t table_size = rows * width;
+  parallel(threads, [&](int tid, int nth) {
+    double* own = tables + static_cast<int64_t>(tid) * copies * table_size;
+    const int64_t per = (n + nth - 1) / nth;
+    const int64_t begin = std::min(n, per * tid), end = std::min(n, begin + per);
+    alignas(64) int32_t row[kBlock];
+    alignas(64) T off[kBlock];
+    for (int64_t start = begin; start < end; start += kBlock) {
+      const int64_t len = std::min(kBlock, end - start);
+      if (valid == nullptr) {
+        bin_block<T, false>(scores + start, nullptr, len, g, row, off);
+      } else {
+        bin_block<T, true>(scores + start, valid + start, len, g, row, off);
+      }
+      for (int64_t j = 0; j < len; ++j) {
+        double* dst = own + (j & (copies - 1)) * table_size + row[j] * width;
+        const double t = static_cast<double>(off[j]);
+        // Same products as the torch path: t^k = t^(k-1) * t.
+        double p[Order + 1];
+        p[0] = 1.0;
+        p[1] = t;
+        for (int k = 2; k <= Order; ++k) p[k] = p[k - 1] * t;
+        for (int k = 0; k <= Order; ++k) dst[k] += p[k];
+      }
+    }
+  });
+}
+
+template <typename T, int Order>
+void evaluate(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_t width,
+              const T* table, T* out, int threads) {
+  parallel(threads, [&](int tid, int nth) {
+    const int64_t per = (n + nth - 1) / nth;
+    const int64_t begin = std::min(n, per * tid), end = std::min(n, begin + per);
+    alignas(64) int32_t row[kBlock];
+    alignas(64) T off[kBlock];
+    for (int64_t start = begin; start < end; start += kBlock) {
+      const int64_t len = std::min(kBlock, end - start);
+      if (valid == nullptr) {
+        bin_block<T, false>(scores + start, nullptr, len, g, row, off);
+      } else {
+        bin_block<T, true>(scores + start, valid + start, len, g, row, off);
+      }
+      for (int64_t j = 0; j < len; ++j) {
+        const T* c = table + static_cast<int64_t>(row[j]) * width;
+        const T t = off[j];
+        // Horner exactly as the torch path: c[o-1] + c[o] t, then c[k] + r t.
+        T r = c[Order - 1] + c[Order] * t;
+        for (int k = Order - 2; k >= 0; --k) r = c[k] + r * t;
+        out[start + j] = r;
+      }
+    }
+  });
+}
+
+template <typename T>
+void moments_any(const T* scores, const uint8_t* valid, int64_t n, const double* grid, int order,
+                 int64_t rows, int64_t width, int copies, double* tables, int threads) {
+  const Grid<T> g{static_cast<T>(grid[0]), static_cast<T>(grid[1]), static_cast<T>(grid[2]),
+                  static_cast<T>(grid[3]), static_cast<T>(grid[4])};
+  switch (order) {
+    case 3: return moments<T, 3>(scores, valid, n, g, rows, width, copies, tables, threads);
+    case 4: return moments<T, 4>(scores, valid, n, g, rows, width, copies, tables, threads);
+    case 5: return moments<T, 5>(scores, valid, n, g, rows, width, copies, tables, threads);
+    default: return;
+  }
+}
+
+template <typename T>
+void evaluate_any(const T* scores, const uint8_t* valid, int64_t n, const double* grid,
+                  int order, int64_t width, const T* table, T* out, int threads) {
+  const Grid<T> g{static_cast<T>(grid[0]), static_cast<T>(grid[1]), static_cast<T>(grid[2]),
+                  static_cast<T>(grid[3]), static_cast<T>(grid[4])};
+  switch (order) {
+    case 3: return evaluate<T, 3>(scores, valid, n, g, width, table, out, threads);
+    case 4: return evaluate<T, 4>(scores, valid, n, g, width, table, out, threads);
+    case 5: return evaluate<T, 5>(scores, valid, n, g, width, table, out, threads);
+    default: return;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Fine-expansion orders the library is instantiated for (the plan's FINE_ORDERS).
+int rl_gap_fast_rank_supports(int order) { return order >= 3 && order <= 5; }
+
+void rl_gap_fast_moments_f32(const float* scores, const uint8_t* valid, int64_t n,
+                             const double* grid, int order, int64_t rows, int64_t width,
+                             int copies, double* tables, int threads) {
+  moments_any<float>(scores, valid, n, grid, order, rows, width, copies, tables, threads);
+}
+
+void rl_gap_fast_moments_f64(const double* scores, const uint8_t* valid, int64_t n,
+                             const double* grid, int order, int64_t rows, int64_t width,
+                             int copies, double* tables, int threads) {
+  moments_any<double>(scores, valid, n, grid, order, rows, width, copies, tables, threads);
+}
+
+void rl_gap_fast_evaluate_f32(const float* scores, const uint8_t* valid, int64_t n,
+                              const double* grid, int order, int64_t width, const float* table,
+                              float* out, int threads) {
+  evaluate_any<float>(scores, valid, n, grid, order, width, table, out, threads);
+}
+
+void rl_gap_fast_evaluate_f64(const double* scores, const uint8_t* valid, int64_t n,
+                              const double* grid, int order, int64_t width, const double* table,
+                              double* out, int threads) {
+  evaluate_any<double>(scores, valid, n, grid, order, width, table, out, threads);
+}
+
+}  // extern "C"

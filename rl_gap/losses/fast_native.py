@@ -1,0 +1,203 @@
+"""Optional CPU accelerator for the O(M) passes of the fast smoothed AP (built on first use).
+
+``_native_fast_rank.cpp`` is a plain C-ABI library (no torch headers): it
+compiles with the system C++ compiler in about a second, is cached under
+``$RL_GAP_CACHE`` (default ``~/.cache/rl_gap``) keyed by a hash of its source
+and flags, and is loaded with ctypes. It does the binning + moment
+accumulation (forward) and the binning + per-item polynomial (backward) in
+one pass each, where the torch path (``fast_binning``) needs ~15 chunked
+elementwise passes plus scatters and gathers. Cells and offsets are
+bit-identical to the torch path; moment sums agree to float64 rounding (the
+summation order differs), per-item polynomials to float rounding (torch may fuse a
+multiply-add that the library keeps separate).
+
+Used only for contiguous CPU float32/float64 scores whose dtype is the
+plan's binning dtype; everything else (CUDA, half precision) runs the torch
+path. ``RL_GAP_NATIVE=0`` disables it, ``=1`` makes a failed build an error;
+by default a missing compiler or failed build falls back to torch with one
+warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("_native_fast_rank.cpp")
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-shared", "-fPIC"]
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_failed: str | None = None
+# Tables smaller than this get several replicas per thread (see the .cpp).
+SMALL_TABLE_BYTES = 1 << 16
+SMALL_TABLE_COPIES = 4
+
+
+def native_enabled() -> bool:
+    """Whether the library may be used (``RL_GAP_NATIVE`` not ``0``, no failed build)."""
+    return os.environ.get("RL_GAP_NATIVE", "auto") != "0" and _failed is None
+
+
+def _build(compiler: str) -> Path:
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
+    root = os.environ.get("RL_GAP_CACHE") or os.path.join(Path.home(), ".cache", "rl_gap")
+    target = Path(root) / f"rl_gap_fast_rank_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build under a private name, then rename: concurrent processes never load a partial file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *_FLAGS, str(_SOURCE), "-o", tmp],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        os.replace(tmp, target)
+    except subprocess.CalledProcessError as error:
+        raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[-2000:]}") from error
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    for suffix in ("f32", "f64"):
+        getattr(lib, f"rl_gap_fast_moments_{suffix}").argtypes = [
+            p, p, i64, p, i32, i64, i64, i32, p, i32
+        ]  # fmt: skip
+        getattr(lib, f"rl_gap_fast_evaluate_{suffix}").argtypes = [
+            p, p, i64, p, i32, i64, p, p, i32
+        ]  # fmt: skip
+        getattr(lib, f"rl_gap_fast_moments_{suffix}").restype = None
+        getattr(lib, f"rl_gap_fast_evaluate_{suffix}").restype = None
+
+
+def native_library() -> ctypes.CDLL | None:
+    """The loaded library (built once per machine and source), or None if unavailable."""
+    global _library, _failed
+    if not native_enabled():
+        return None
+    with _lock:
+        if _library is None and _failed is None:
+            try:
+                compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+                if compiler is None:
+                    raise RuntimeError("no C++ compiler (set CXX or install g++)")
+                lib = ctypes.CDLL(str(_build(compiler)))
+                _declare(lib)
+                _library = lib
+            except Exception as error:  # noqa: BLE001 - any build problem -> torch path
+                _failed = str(error)
+                if os.environ.get("RL_GAP_NATIVE") == "1":
+                    raise RuntimeError(f"rl_gap fast-rank library unavailable: {error}") from error
+                warnings.warn(
+                    f"rl_gap fast-rank library unavailable ({error}); using torch ops",
+                    stacklevel=2,
+                )
+    return _library
+
+
+def usable(scores: torch.Tensor, bin_dtype: torch.dtype, valid: torch.Tensor | None) -> bool:
+    """Whether the native passes apply to these inputs (else the torch path runs)."""
+    return (
+        scores.device.type == "cpu"
+        and scores.dtype == bin_dtype
+        and bin_dtype in (torch.float32, torch.float64)
+        and scores.is_contiguous()
+        and (valid is None or valid.is_contiguous())
+        and native_library() is not None
+    )
+
+
+def grid_constants(inv_h: float, lo_cells: float, h_fine: float, first_centre: float, top: int):
+    """The (5,) float64 tensor of binning constants the library reads."""
+    return torch.tensor([inv_h, lo_cells, h_fine, first_centre, float(top)], dtype=torch.float64)
+
+
+def moments(
+    scores: torch.Tensor,
+    valid: torch.Tensor | None,
+    grid: torch.Tensor,
+    order: int,
+    rows: int,
+) -> torch.Tensor:
+    """Per-row ``sum t^k``, k = 0..order, of the binned scores: (rows, order + 1) float64.
+
+    Args:
+        scores: (M,) contiguous CPU float32/float64 (the binning dtype).
+        valid: optional (M,) contiguous bool; invalid items go to row 0.
+        grid: ``grid_constants(...)`` of the plan.
+        order: highest moment (N_f).
+        rows: G_f + 2.
+    """
+    lib = native_library()
+    width = 4 if order < 4 else 8  # whole 32/64-byte rows: one cache line per item
+    threads = max(1, torch.get_num_threads())
+    copies = SMALL_TABLE_COPIES if rows * width * 8 < SMALL_TABLE_BYTES else 1
+    tables = torch.zeros(threads * copies, rows, width, dtype=torch.float64)
+    suffix = "f32" if scores.dtype == torch.float32 else "f64"
+    getattr(lib, f"rl_gap_fast_moments_{suffix}")(
+        scores.data_ptr(),
+        None if valid is None else valid.data_ptr(),
+        scores.numel(),
+        grid.data_ptr(),
+        order,
+        rows,
+        width,
+        copies,
+        tables.data_ptr(),
+        threads,
+    )
+    total = tables[0] if tables.shape[0] == 1 else tables.sum(0)
+    return total[:, : order + 1]
+
+
+def evaluate(
+    scores: torch.Tensor,
+    valid: torch.Tensor | None,
+    grid: torch.Tensor,
+    table: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """``out[j] = sum_l table[row_j, l] t_j^l`` in the binning dtype (Horner), in place.
+
+    Args:
+        scores: (M,) contiguous CPU float32/float64 (the binning dtype).
+        valid: optional (M,) contiguous bool.
+        grid: ``grid_constants(...)`` of the plan.
+        table: (rows, order + 1) float64 coefficients.
+        out: (M,) contiguous tensor of the scores' dtype.
+    """
+    lib = native_library()
+    order = table.shape[1] - 1
+    width = 4 if order < 4 else 8
+    packed = table.new_zeros(table.shape[0], width, dtype=scores.dtype)
+    packed[:, : order + 1] = table
+    suffix = "f32" if scores.dtype == torch.float32 else "f64"
+    getattr(lib, f"rl_gap_fast_evaluate_{suffix}")(
+        scores.data_ptr(),
+        None if valid is None else valid.data_ptr(),
+        scores.numel(),
+        grid.data_ptr(),
+        order,
+        width,
+        packed.data_ptr(),
+        out.data_ptr(),
+        max(1, torch.get_num_threads()),
+    )
