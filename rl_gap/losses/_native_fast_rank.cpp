@@ -19,20 +19,18 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <thread>
-#include <vector>
+#include <omp.h>
 
 namespace {
 
-// Runs body(tid, nth) on `threads` threads (the caller is thread 0). Plain
-// std::thread, not OpenMP: a second OpenMP runtime next to torch's would leave
-// two pools of spinning workers fighting for the cores.
+// Runs body(tid, nth) on `threads` OpenMP threads. Loaded into a process that
+// has imported torch, libgomp.so.1 resolves to torch's own copy: the library
+// shares torch's worker pool (a second pool of std::threads would fight torch's
+// spin-waiting workers for the cores).
 template <typename F>
 void parallel(int threads, F body) {
-  std::vector<std::thread> pool;
-  for (int tid = 1; tid < threads; ++tid) pool.emplace_back(body, tid, threads);
-  body(0, threads);
-  for (auto& th : pool) th.join();
+#pragma omp parallel num_threads(threads)
+  body(omp_get_thread_num(), omp_get_num_threads());
 }
 
 template <typename T>
@@ -136,6 +134,8 @@ void moments_any(const T* scores, const uint8_t* valid, int64_t n, const double*
     case 3: return moments<T, 3>(scores, valid, n, g, rows, width, copies, tables, threads);
     case 4: return moments<T, 4>(scores, valid, n, g, rows, width, copies, tables, threads);
     case 5: return moments<T, 5>(scores, valid, n, g, rows, width, copies, tables, threads);
+    case 6: return moments<T, 6>(scores, valid, n, g, rows, width, copies, tables, threads);
+    case 7: return moments<T, 7>(scores, valid, n, g, rows, width, copies, tables, threads);
     default: return;
   }
 }
@@ -149,6 +149,8 @@ void evaluate_any(const T* scores, const uint8_t* valid, int64_t n, const double
     case 3: return evaluate<T, 3>(scores, valid, n, g, width, table, out, threads);
     case 4: return evaluate<T, 4>(scores, valid, n, g, width, table, out, threads);
     case 5: return evaluate<T, 5>(scores, valid, n, g, width, table, out, threads);
+    case 6: return evaluate<T, 6>(scores, valid, n, g, width, table, out, threads);
+    case 7: return evaluate<T, 7>(scores, valid, n, g, width, table, out, threads);
     default: return;
   }
 }
@@ -158,7 +160,7 @@ void evaluate_any(const T* scores, const uint8_t* valid, int64_t n, const double
 extern "C" {
 
 // Fine-expansion orders the library is instantiated for (the plan's FINE_ORDERS).
-int rl_gap_fast_rank_supports(int order) { return order >= 3 && order <= 5; }
+int rl_gap_fast_rank_supports(int order) { return order >= 3 && order <= 7; }
 
 void rl_gap_fast_moments_f32(const float* scores, const uint8_t* valid, int64_t n,
                              const double* grid, int order, int64_t rows, int64_t width,

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("_native_fast_rank.cpp")
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC"]
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _failed: str | None = None
@@ -47,9 +47,17 @@ def native_enabled() -> bool:
     return os.environ.get("RL_GAP_NATIVE", "auto") != "0" and _failed is None
 
 
+def _flags() -> list[str]:
+    """Compiler flags; AVX2 code when torch found the CPU capable of it (no FMA either way:
+    -ffp-contract=off keeps every product and sum separately rounded, as in the torch path)."""
+    avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return [*_FLAGS, "-mavx2"] if avx2 else list(_FLAGS)
+
+
 def _build(compiler: str) -> Path:
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
+    flags = _flags()
+    key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     root = os.environ.get("RL_GAP_CACHE") or os.path.join(Path.home(), ".cache", "rl_gap")
     target = Path(root) / f"rl_gap_fast_rank_{key}.so"
     if target.exists():
@@ -60,7 +68,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", tmp],
+            [compiler, *flags, str(_SOURCE), "-o", tmp],
             check=True,
             capture_output=True,
             text=True,
