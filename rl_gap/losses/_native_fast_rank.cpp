@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <omp.h>
 
 namespace {
@@ -161,6 +162,34 @@ extern "C" {
 
 // Fine-expansion orders the library is instantiated for (the plan's FINE_ORDERS).
 int rl_gap_fast_rank_supports(int order) { return order >= 3 && order <= 7; }
+
+// Indices i (ascending) with positive[i] && valid[i] (valid may be null), at most
+// `capacity` written; returns the total count. Scans 8 mask bytes per step:
+// positives are sparse, so almost every step is one load and one test.
+int64_t rl_gap_fast_select(const uint8_t* positive, const uint8_t* valid, int64_t n,
+                           int64_t* out, int64_t capacity) {
+  int64_t count = 0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word, mask = ~uint64_t(0);
+    std::memcpy(&word, positive + i, 8);
+    if (valid != nullptr) std::memcpy(&mask, valid + i, 8);
+    if ((word & mask) == 0) continue;
+    for (int64_t j = i; j < i + 8; ++j) {
+      if (positive[j] && (valid == nullptr || valid[j])) {
+        if (count < capacity) out[count] = j;
+        ++count;
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    if (positive[i] && (valid == nullptr || valid[i])) {
+      if (count < capacity) out[count] = i;
+      ++count;
+    }
+  }
+  return count;
+}
 
 void rl_gap_fast_moments_f32(const float* scores, const uint8_t* valid, int64_t n,
                              const double* grid, int order, int64_t rows, int64_t width,

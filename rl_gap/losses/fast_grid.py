@@ -218,7 +218,9 @@ def _kernel_spectra(
     return torch.fft.rfft(circular).conj()
 
 
-def correlate_band(moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...]) -> torch.Tensor:
+def correlate_band(
+    moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...], order: int | None = None
+) -> torch.Tensor:
     """``H[a, b, l, C] = sum_{|k|<=K} sum_{n <= N−l} m̃[a, n, C+k] σ^(shifts[b]+n+l)(k r)`` by FFT.
 
     In the frequency domain ``Ĥ[a, b, l] = sum_n M̂[a, n] K̂[shifts[b] + l + n]`` (a
@@ -229,11 +231,13 @@ def correlate_band(moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...
         moments: (A, N+1, G) scaled coarse moments m̃_n = m_n r^n / n!.
         plan: the grid (N = coarse_order, K = band, r = ratio).
         shifts: kernel derivative offsets b (0: σ sums, 1: σ' sums).
+        order: N if not ``plan.coarse_order``.
 
     Returns:
         (A, len(shifts), N+1, G) float64.
     """
-    order, band, size = plan.coarse_order, plan.band, moments.shape[-1]
+    order = plan.coarse_order if order is None else order
+    band, size = plan.band, moments.shape[-1]
     n_fft = fft_size(size + band + 1)
     kernel_f = _kernel_spectra(
         plan.ratio, band, order + max(shifts) + 1, n_fft, moments.device
@@ -248,13 +252,20 @@ def correlate_band(moments: torch.Tensor, plan: GridPlan, shifts: tuple[int, ...
     return torch.fft.irfft(spectrum, n_fft)[..., :size]
 
 
-def query_powers(offset: torch.Tensor, plan: GridPlan) -> torch.Tensor:
-    """(−T r)^l / l! for l = 0..N at the query offsets T: (N+1, Q) float64."""
-    order = plan.coarse_order
+def query_powers(offset: torch.Tensor, plan: GridPlan, order: int | None = None) -> torch.Tensor:
+    """(−T r)^l / l! for l = 0..N at the query offsets T: (N+1, Q) float64 (N: plan's or ``order``)."""
+    order = plan.coarse_order if order is None else order
     factors = moment_factors(order, -plan.ratio, offset.device)
-    return offset.unsqueeze(0) ** torch.arange(order + 1, device=offset.device).unsqueeze(
-        1
-    ) * factors.unsqueeze(1)
+    return _powers(offset, order) * factors.unsqueeze(1)
+
+
+def _powers(x: torch.Tensor, order: int) -> torch.Tensor:
+    """x^n for n = 0..order by repeated products: (order + 1, len(x)) (``pow`` is ~10x slower)."""
+    out = x.new_empty(order + 1, x.numel())
+    out[0] = 1.0
+    if order >= 1:
+        torch.cumprod(x.unsqueeze(0).expand(order, -1), 0, out=out[1:])
+    return out
 
 
 def coarse_position(scores: torch.Tensor, plan: GridPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,39 +275,57 @@ def coarse_position(scores: torch.Tensor, plan: GridPlan) -> tuple[torch.Tensor,
     return cell.long(), x - cell - 0.5
 
 
-def point_moments(cell: torch.Tensor, offset: torch.Tensor, weights: torch.Tensor, plan: GridPlan):
+def point_moments(
+    cell: torch.Tensor,
+    offset: torch.Tensor,
+    weights: torch.Tensor,
+    plan: GridPlan,
+    order: int | None = None,
+) -> torch.Tensor:
     """Coarse moments ``sum_i w_i T_i^n`` of weighted points, (q, N+1, G) for weights (P, q)."""
-    order = plan.coarse_order
-    powers = offset.unsqueeze(1) ** torch.arange(order + 1, device=offset.device)  # (P, N+1)
+    order = plan.coarse_order if order is None else order
+    powers = _powers(offset, order).T  # (P, N+1)
     values = weights.unsqueeze(2) * powers.unsqueeze(1)  # (P, q, N+1)
     table = values.new_zeros(plan.num_coarse, weights.shape[1] * (order + 1))
     table.index_add_(0, cell, values.reshape(cell.numel(), -1))
     return table.reshape(plan.num_coarse, weights.shape[1], order + 1).permute(1, 2, 0)
 
 
-def _fine_offsets(plan: GridPlan, device: torch.device) -> torch.Tensor:
+def _fine_offsets(refine: int, device: torch.device) -> torch.Tensor:
     """Offsets of the fine-cell centres from their coarse centre, in coarse units."""
-    per = 2**plan.refine
+    per = 2**refine
     return (torch.arange(per, dtype=torch.float64, device=device) + 0.5) / per - 0.5
 
 
-def coarse_moments(fine: torch.Tensor, plan: GridPlan) -> torch.Tensor:
+@lru_cache(maxsize=32)
+def _binomial_shift(refine: int, fine_order: int, order: int, device: torch.device) -> torch.Tensor:
+    """S[f, k, n] = C(n, k) o_f^(n−k) 2^(−rk): (o_f + t/2^r)^n = sum_k S[f, k, n] t^k, k <= N_f."""
+    offsets = _fine_offsets(refine, device)
+    shift = torch.zeros(2**refine, fine_order + 1, order + 1, dtype=torch.float64, device=device)
+    for n in range(order + 1):
+        for k in range(min(n, fine_order) + 1):
+            shift[:, k, n] = math.comb(n, k) * offsets ** (n - k) * 2.0 ** (-refine * k)
+    return shift
+
+
+def coarse_moments(fine: torch.Tensor, plan: GridPlan, order: int | None = None) -> torch.Tensor:
     """Translate fine moments to coarse-cell moments ``sum_j T_j^n``, n <= N_c (T in coarse units).
 
     T_j = o_f + t_j / 2^r, so T^n = sum_k C(n, k) o_f^(n−k) 2^(−rk) t^k; terms with
     k > N_f are unknown and dropped (that is the fine expansion's error).
 
+    Args:
+        fine: (G_f + 2, N_f + 1) fine moments (sink rows first and last).
+        plan: the grid; order: N_c if not ``plan.coarse_order``.
+
     Returns:
         (num_coarse, N_c + 1) float64.
     """
-    per, nf, nc = 2**plan.refine, plan.fine_order, plan.coarse_order
-    offsets = _fine_offsets(plan, fine.device)
-    shift = torch.zeros(per, nf + 1, nc + 1, dtype=torch.float64, device=fine.device)
-    for n in range(nc + 1):
-        for k in range(min(n, nf) + 1):
-            shift[:, k, n] = math.comb(n, k) * offsets ** (n - k) * 2.0 ** (-plan.refine * k)
+    per, nf = 2**plan.refine, plan.fine_order
+    order = plan.coarse_order if order is None else order
+    shift = _binomial_shift(plan.refine, nf, order, fine.device)
     inner = fine[1:-1].reshape(plan.num_coarse, per * (nf + 1))
-    return inner @ shift.reshape(per * (nf + 1), nc + 1)
+    return inner @ shift.reshape(per * (nf + 1), order + 1)
 
 
 def taylor_to_fine(coarse_coef: torch.Tensor, plan: GridPlan) -> torch.Tensor:
@@ -309,11 +338,9 @@ def taylor_to_fine(coarse_coef: torch.Tensor, plan: GridPlan) -> torch.Tensor:
         (num_fine + 2, N_f + 1) with f(x_f + t h_f) ≈ sum_l' d_l' t^l'; sink rows 0.
     """
     per, nf, nc = 2**plan.refine, plan.fine_order, plan.coarse_order
-    offsets = _fine_offsets(plan, coarse_coef.device)
-    shift = torch.zeros(nc + 1, per, nf + 1, dtype=torch.float64, device=coarse_coef.device)
-    for l in range(nc + 1):  # noqa: E741
-        for lp in range(min(l, nf) + 1):
-            shift[l, :, lp] = math.comb(l, lp) * offsets ** (l - lp) * 2.0 ** (-plan.refine * lp)
-    inner = (coarse_coef @ shift.reshape(nc + 1, per * (nf + 1))).reshape(plan.num_fine, nf + 1)
-    pad = inner.new_zeros(1, nf + 1)
-    return torch.cat([pad, inner, pad])
+    # Same binomial re-expansion as the moments, read the other way round.
+    shift = _binomial_shift(plan.refine, nf, nc, coarse_coef.device)  # (per, N_f+1, N_c+1)
+    out = coarse_coef.new_zeros(plan.num_fine + 2, nf + 1)
+    inner = out[1:-1].view(plan.num_coarse, per * (nf + 1))
+    torch.matmul(coarse_coef, shift.reshape(per * (nf + 1), nc + 1).T, out=inner)
+    return out

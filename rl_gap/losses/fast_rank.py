@@ -37,6 +37,7 @@ import math
 
 import torch
 
+from rl_gap.losses import fast_binning, fast_native
 from rl_gap.losses.fast_binning import evaluate_fine, fine_moments
 from rl_gap.losses.fast_grid import (
     GridPlan,
@@ -69,31 +70,52 @@ def prefer_fast(num_positives: int, num_items: int, temperature: float) -> bool:
 
 
 def _forward_sums(scores: torch.Tensor, valid, pos_scores: torch.Tensor, plan: GridPlan):
-    """R_A, R_P, D_A, D_P at every positive (float64, (P,) each), and the positives' cells."""
+    """R_A, R_P, D_A, D_P at every positive (float64, (P,) each), and the positives' cells.
+
+    One correlation gives both kernels: with the σ sums expanded to order N + 1,
+    their rows l + 1 are exactly the σ' sums' rows l at order N (both read
+    ``sum_{n <= N−l} m̃_n σ^(1+n+l)``), i.e. D is the T-derivative of R's expansion.
+    """
     device = scores.device
+    order = plan.coarse_order + 1
     fine = fine_moments(scores, plan, valid)
     above_window = fine[-1, 0]
     cell, offset = coarse_position(pos_scores, plan)
-    all_moments = coarse_moments(fine, plan).T.unsqueeze(0)  # (1, N+1, G)
-    pos_moments = point_moments(cell, offset, torch.ones_like(offset).unsqueeze(1), plan)
-    moments = torch.cat([all_moments, pos_moments])  # (2, N+1, G)
-    factors = moment_factors(plan.coarse_order, plan.ratio, device)
-    grid = correlate_band(moments * factors.unsqueeze(1), plan, shifts=(0, 1))  # (2, 2, N+1, G)
-    sums = (grid[..., cell] * query_powers(offset, plan)).sum(2)  # (2, 2, P)
+    all_moments = coarse_moments(fine, plan, order).T.unsqueeze(0)  # (1, N+2, G)
+    ones = torch.ones_like(offset).unsqueeze(1)
+    pos_moments = point_moments(cell, offset, ones, plan, order)
+    moments = torch.cat([all_moments, pos_moments])  # (2, N+2, G)
+    factors = moment_factors(order, plan.ratio, device)
+    grid = correlate_band(moments * factors.unsqueeze(1), plan, shifts=(0,), order=order)
+    at_cell = grid[:, 0].index_select(2, cell)  # (2, N+2, P)
+    powers = query_powers(offset, plan, order)  # (N+2, P)
+    sigma = (at_cell * powers).sum(1)  # (2, P)
+    deriv = (at_cell[:, 1:] * powers[:-1]).sum(1)
     # Items in cells above a positive's band count exactly 1 each (suffix sums).
     counts = moments[:, 0]  # (2, G)
     suffix = torch.cat([counts.flip(1).cumsum(1).flip(1), counts.new_zeros(2, 1)], 1)
     above = suffix[:, (cell + plan.band + 1).clamp_max(plan.num_coarse)]  # (2, P)
-    rank_all = sums[0, 0] + above[0] + above_window + 0.5
-    rank_pos = sums[1, 0] + above[1] + 0.5
-    return rank_all, rank_pos, sums[0, 1], sums[1, 1], cell, offset
+    rank_all = sigma[0] + above[0] + above_window + 0.5
+    rank_pos = sigma[1] + above[1] + 0.5
+    return rank_all, rank_pos, deriv[0], deriv[1], cell, offset
+
+
+def _positive_indices(positive: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Ascending flat indices of the valid positives, (P,) int64."""
+    index = fast_native.select(positive, valid) if fast_binning.USE_NATIVE else None
+    if index is None:
+        mask = positive if valid is None else positive & valid
+        index = mask.nonzero().squeeze(1)
+    return index
 
 
 class _SmoothedAPFast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, positive, valid, temperature, tolerance):  # type: ignore[override]
         work = scores.detach()
-        pos_index = positive.nonzero().squeeze(1)  # positive is already & valid
+        pos_index = _positive_indices(positive, valid)
+        if pos_index.numel() == 0:
+            raise ValueError("smoothed AP needs at least one (valid) positive item")
         pos_scores = work[pos_index].to(torch.float64)
         lo_all, hi_all = (float(v) for v in torch.aminmax(work))
         lo_pos, hi_pos = (float(v) for v in torch.aminmax(pos_scores))
@@ -126,7 +148,7 @@ class _SmoothedAPFast(torch.autograd.Function):
         moments = point_moments(cell, offset, weights, plan) * factors.unsqueeze(1)
         grid = correlate_band(moments, plan, shifts=(1,))[:, 0]  # (2, N+1, G): E_a, E_b
         # E_a, E_b at the positives, from their coarse cell's polynomial in T.
-        at_pos = (grid[..., cell] * query_powers(offset, plan)).sum(1)  # (2, P)
+        at_pos = (grid.index_select(2, cell) * query_powers(offset, plan)).sum(1)  # (2, P)
         pos_grad = at_pos.sum(0) - coef_a * deriv_pos - coef_b * deriv_all
         # E_b at every item: Taylor coefficients in T (coarse units), re-expanded per fine cell.
         taylor = grid[1].T * moment_factors(plan.coarse_order, -plan.ratio, work.device)
@@ -188,7 +210,5 @@ def smoothed_ap_fast(
             raise ValueError(f"valid must be a bool tensor of shape {tuple(scores.shape)}")
         if valid.dtype != torch.bool:
             raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
-        positive = positive & valid
-    if not bool(positive.any()):
-        raise ValueError("smoothed AP needs at least one (valid) positive item")
+    # The "no valid positive" check happens in the forward, on the selected indices.
     return _SmoothedAPFast.apply(scores, positive, valid, float(temperature), float(tolerance))

@@ -109,11 +109,14 @@ class GlobalSmoothAPLoss(nn.Module):
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
     ) -> torch.Tensor:
         sim, rel, valid = check_batch(sim, rel, valid)
-        num_pos = int((rel & valid).sum())
+        # count_nonzero, not .sum(): a bool sum first widens the whole mask to int64.
+        num_pos = int(torch.count_nonzero(rel & valid))
         if num_pos == 0:
             return zero_loss(sim, self, "batch has no valid positive pair")
         if self.neg_drop == 0:
-            impl = self.select_impl(num_pos, int(valid.sum()))
+            impl = self.impl
+            if impl == "auto":
+                impl = self.select_impl(num_pos, int(torch.count_nonzero(valid)))
             if impl == "fast":
                 # The fast kernel skips invalid items itself: no (M,) copy of sim[valid].
                 sap = load_fast_kernel()(
