@@ -311,3 +311,14 @@ def test_torch_passes_match_brute_force(monkeypatch, tau):
     value.backward()
     assert abs(float(value) - float(ref_value)) <= 1e-6
     assert_gradients_match(s.grad[valid], ref_grad)
+
+
+def test_native_select_matches_nonzero():
+    fast_native = _native_or_skip()
+    gen = torch.Generator().manual_seed(14)
+    for n in (0, 5, 8, 1003):
+        positive = torch.rand(n, generator=gen) < 0.1
+        valid = torch.rand(n, generator=gen) < 0.7
+        expected = (positive & valid).nonzero().squeeze(1)
+        assert torch.equal(fast_native.select(positive, valid), expected)
+        assert torch.equal(fast_native.select(positive, None), positive.nonzero().squeeze(1))

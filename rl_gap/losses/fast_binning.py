@@ -63,6 +63,12 @@ class _Binner:
         return row, offset
 
 
+def native_applicable(scores: torch.Tensor, valid: torch.Tensor | None) -> bool:
+    """Whether the one-pass native library will run the O(M) passes for these scores
+    (given a plan whose binning dtype is the scores' dtype, the usual case)."""
+    return USE_NATIVE and fast_native.usable(scores, scores.dtype, valid)
+
+
 def _native_grid(plan: GridPlan) -> torch.Tensor:
     """The binning constants of ``_Binner`` for the native library."""
     return fast_native.grid_constants(

@@ -102,6 +102,7 @@ def plan_grid(
     temperature: float,
     tolerance: float,
     score_dtype: torch.dtype,
+    cache_tables: bool = True,
 ) -> GridPlan:
     """Choose the grid and orders so that every kernel sum has relative error <= tolerance/2.
 
@@ -115,6 +116,9 @@ def plan_grid(
         temperature: τ.
         tolerance: bound on the absolute error of SAP.
         score_dtype: dtype of the scores (float64 scores are binned in float64).
+        cache_tables: pick the fine order for cache-resident tables (the native
+            passes); False: the lowest order that fits (the torch passes, whose
+            cost grows with the number of moments scattered).
     """
     tau = temperature
     h_coarse = 2.0 ** math.floor(math.log2(tau / 2.0))
@@ -151,7 +155,7 @@ def plan_grid(
     # Every item does one read-modify-write (forward) and one read (backward) of
     # its fine row at a random place: the lowest order whose table stays
     # cache-resident is cheapest, else the smallest table (measured, 2-core Zen1).
-    small = [c for c in candidates if c[0] <= CACHE_TABLE_BYTES]
+    small = [c for c in candidates if c[0] <= CACHE_TABLE_BYTES or not cache_tables]
     _, fine_order, refine, num_fine, fine_offset = small[0] if small else min(candidates)
     # Joint offset |T' − T| <= 1 coarse cell (+ the binning slack).
     coarse_offset = _quantize_up(ratio * (1.0 + num_coarse * 2.0**-21 + 2.0**-10))

@@ -52,9 +52,11 @@ from rl_gap.losses.fast_grid import (
 )
 
 # impl="auto": the exact sweep costs ~P × M sigmoid evaluations; the fast kernel
-# ~20 passes over M plus O(G log G) grid work, G ~ score window / τ cells. On
-# this project's 2-core CPU (float32, square batches, 4 per class) the fast
-# kernel won from P × M ≈ 3e6 at τ = 1e-2 and ≈ 1.5e7 at τ = 1e-4.
+# two passes over M plus O(G log G) grid work, G ~ score window / τ cells. On
+# this project's 2-core CPU (float32, square batches, 4 per class, native passes)
+# the fast kernel won from P × M ≈ 1e6-6e6 at τ >= 1e-2 (B = 64: exact 3 ms,
+# fast 4-5 ms; B = 128: 20 ms vs 4-5 ms) and P × M ≈ 6e6 at τ = 1e-4 (a ~30 ms
+# grid fixed cost for cosine scores): the threshold below is on the safe side.
 FAST_MIN_COMPARISONS = 1 << 22
 
 
@@ -122,7 +124,15 @@ class _SmoothedAPFast(torch.autograd.Function):
         if not (math.isfinite(lo_all) and math.isfinite(hi_all)):
             raise ValueError("smoothed_ap_fast: scores contain NaN or infinite values")
         plan = plan_grid(
-            lo_all, hi_all, lo_pos, hi_pos, work.numel(), temperature, tolerance, work.dtype
+            lo_all,
+            hi_all,
+            lo_pos,
+            hi_pos,
+            work.numel(),
+            temperature,
+            tolerance,
+            work.dtype,
+            cache_tables=fast_binning.native_applicable(work, valid),
         )
         rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = _forward_sums(
             work, valid, pos_scores, plan
