@@ -142,6 +142,15 @@ def run_in_subprocess(config: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def native_passes() -> str:
+    """Which O(M) passes the fast gSAP kernel uses on CPU (``RL_GAP_NATIVE=0``: torch)."""
+    try:
+        from rl_gap.losses import fast_native
+    except ImportError:
+        return "torch"
+    return "native (C++)" if fast_native.native_library() is not None else "torch"
+
+
 def fast_available() -> bool:
     from rl_gap.losses.gsap import load_fast_kernel
 
@@ -242,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown loss(es) {unknown}; known: {available_losses()}")
     print(f"# device={args.device} threads={torch.get_num_threads()} d={DIM} {PER_CLASS}/class")
+    if "gsap" in args.losses and ("fast" in args.impls or "auto" in args.impls):
+        print(f"# gsap fast kernel O(M) passes: {native_passes()}")
     rows = []
     for config in build_configs(args):
         result = run_in_subprocess(config) if args.device == "cpu" else measure(config)

@@ -10,6 +10,9 @@ does a handful of elementwise ops per item, no sort:
 Moments ``sum t^k`` are scatter-added in float64 two at a time (a complex128
 ``scatter_add_`` adds a (t^k, t^(k+1)) pair per item); per-item polynomials are
 read back four float32 coefficients at a time (one complex128 ``take``).
+
+On CPU, ``fast_native`` does each of the two passes in one fused loop
+(``USE_NATIVE``); the torch code here is the reference and the CUDA path.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ M items: P × M sigmoids. Here every quantity is a *kernel sum*
 
 (the j = i terms σ(0) = 1/2 and σ'(0) = 1/4 are included; see the gradient),
 evaluated with the two-level grid of ``fast_grid`` / ``fast_binning``: a few
-O(M) elementwise passes and scatter/gathers (no sort), an O(G log G) FFT
+O(M) elementwise passes and scatter/gathers (no sort; on CPU one fused pass
+each way in the optional ``fast_native`` library), an O(G log G) FFT
 correlation on the coarse grid (G ≈ score window / (τ/2^k) cells, at most a
 few 10^4 for cosine scores at τ = 1e-4), O(P) per positive; never O(P × M).
 Memory: O(G) tables plus fixed-size chunk buffers (no M-sized temporaries
