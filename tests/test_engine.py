@@ -311,8 +311,9 @@ def test_relevance_function_equals_labels():
         evaluate_embeddings(x, None, relevance_fn=lambda i, j: torch.zeros(2, 2))
 
 
+@pytest.mark.parametrize("protocol", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_symmetric_native_equals_plain_eager(monkeypatch, dtype):
+def test_symmetric_native_equals_plain_eager(monkeypatch, dtype, protocol):
     """Leave-one-out computes only the upper blocks (each pair once, counted for both
     queries, columns through the kernel's transposed path) == every block, eagerly."""
     from rl_gap.metrics.functional import counting, native
@@ -320,9 +321,13 @@ def test_symmetric_native_equals_plain_eager(monkeypatch, dtype):
     if native.native_library() is None:
         pytest.skip("no C++ toolchain: the engine falls back to the eager path")
     x = _dyadic(203, 5, 3).to(dtype)
+    # protocol=True: several query groups (class halves, distractors); False: one group
+    # (no singleton class), where a mirrored score counts twice without a column lookup.
     labels = torch.randint(0, 40, (203,), generator=torch.Generator().manual_seed(4))
+    if not protocol:
+        labels = torch.arange(203) % 40
     labels[:60] = 0  # one class with > 64 positives per query: searched per element
-    kwargs = dict(exclude_self=True, protocol=True, bootstrap=20, map_at=(3,), ceiling=True)
+    kwargs = dict(exclude_self=True, protocol=protocol, bootstrap=20, map_at=(3,), ceiling=True)
     monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1 << 40)
     plain = evaluate_embeddings(x, x, labels, labels, block_size=(37, 45), **kwargs)
     # A separate database tensor has no symmetry to use; the eager mirrored path agrees.

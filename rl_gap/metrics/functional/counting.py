@@ -123,6 +123,9 @@ class NegativeCounter:
             raise ValueError(f"global_weight must be 0 or 1, got {global_weight}")
         if scores.numel() == 0:
             return
+        if mirror_start is not None and self.num_groups == 1 and global_weight:
+            # One group: the mirrored score counts twice for it, no per-column lookup.
+            global_weight, mirror_start = 2, None
         if self._use_native(scores):
             self._add_native(scores, start, global_weight, transposed, mirror_start)
             return
@@ -136,7 +139,9 @@ class NegativeCounter:
             if mirror_start is not None:
                 mirror = self.query_group[mirror_start : mirror_start + scores.shape[1]]
                 keys = torch.cat([keys, counts + (mirror * width).unsqueeze(0)])
-            self.global_hist += torch.bincount(keys.view(-1), minlength=self.global_hist.numel())
+            self.global_hist += global_weight * torch.bincount(
+                keys.view(-1), minlength=self.global_hist.numel()
+            )
         self._add_rows_eager(counts, start, stop)
         if self.boot_knot_index is not None:
             local = self.boot_lut[counts]

@@ -259,9 +259,13 @@ def _state_from_embeddings(
     if grid.numel() > 0:
         if bootstrap_budget > 0:
             knots = bootstrap_knots(pos_grid_index, grid.numel(), num_q, bootstrap_budget)
+        # Count on the groups that have queries only (empty ones stay zero): one group
+        # lets a mirrored score count twice without looking up its column's group.
+        used, compact_group = unique_sorted(group_sorted, return_inverse=True)
         counter = NegativeCounter(
-            grid, offsets, pos_grid_index, group_sorted.to(device), num_groups, knots, num_q * num_d
-        )
+            grid, offsets, pos_grid_index, compact_group.to(device), used.numel(), knots,
+            num_q * num_d,
+        )  # fmt: skip
         # ---- step 2: every block, negatives only
         for rb, (r0, r1) in enumerate(row_blocks):
             q_blk = query_block(r0, r1)
@@ -286,7 +290,9 @@ def _state_from_embeddings(
                     # transposed pass adds the column queries' own counts.
                     counter.add(block, r0, mirror_start=c0)
                     counter.add(block, c0, global_weight=0, transposed=True)
-        pos_neg_ge, grid_neg_ge, boot = counter.finish()
+        pos_neg_ge, used_neg_ge, boot = counter.finish()
+        grid_neg_ge = used_neg_ge.new_zeros((num_groups, grid.numel()))
+        grid_neg_ge[used.to(device)] = used_neg_ge
 
     # ---- back to the caller's query order
     orig_query = perm_q.to(device)[pos_query]
