@@ -45,8 +45,6 @@ class NegativeCounter:
         query_group: (Q,) int64 group of each query; ``num_groups`` groups.
         boot_knot_index: optional (B,) ascending grid positions for per-query
             bootstrap counts.
-        total_pairs: unused (kept for callers); the fused CPU kernel is used for
-            blocks of >= ``NATIVE_MIN_PAIRS`` scores whenever it is available.
     """
 
     def __init__(
@@ -57,10 +55,8 @@ class NegativeCounter:
         query_group: Tensor,
         num_groups: int,
         boot_knot_index: Tensor | None = None,
-        total_pairs: int = 0,
     ) -> None:
         device = grid.device
-        self.total_pairs = total_pairs
         self.lookup = GridLookup(grid)
         self.grid_size = size = grid.numel()
         self.query_group = query_group.to(device=device, dtype=torch.long).contiguous()

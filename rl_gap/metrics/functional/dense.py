@@ -141,9 +141,7 @@ def _state_from_scores(
     knots = None
     if bootstrap_budget > 0:
         knots = bootstrap_knots(pos_grid_index, grid.numel(), num_queries, bootstrap_budget)
-    counter = NegativeCounter(
-        grid, offsets, pos_grid_index, query_group, num_groups, knots, scores.numel()
-    )
+    counter = NegativeCounter(grid, offsets, pos_grid_index, query_group, num_groups, knots)
     negatives = scores.masked_fill(~(valid & ~rel), float("-inf"))
     rows_per_block = max(1, _DENSE_BLOCK // scores.shape[1])
     for start in range(0, num_queries, rows_per_block):

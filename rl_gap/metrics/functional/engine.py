@@ -263,9 +263,8 @@ def _state_from_embeddings(
         # lets a mirrored score count twice without looking up its column's group.
         used, compact_group = unique_sorted(group_sorted, return_inverse=True)
         counter = NegativeCounter(
-            grid, offsets, pos_grid_index, compact_group.to(device), used.numel(), knots,
-            num_q * num_d,
-        )  # fmt: skip
+            grid, offsets, pos_grid_index, compact_group.to(device), used.numel(), knots
+        )
         # ---- step 2: every block, negatives only
         for rb, (r0, r1) in enumerate(row_blocks):
             q_blk = query_block(r0, r1)
