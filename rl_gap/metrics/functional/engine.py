@@ -76,7 +76,7 @@ def _state_from_embeddings(
     query_group: Tensor | None = None,
     num_groups: int = 1,
     bootstrap_budget: int = 0,
-    cache_bytes: int = 256 << 20,
+    cache_bytes: int = 512 << 20,
     validated: bool = False,
     symmetric: bool | None = None,
     heavy_threads: int = 1,
@@ -96,7 +96,9 @@ def _state_from_embeddings(
         device: where to score (default: the queries' device); fp16/bf16 are scored in fp32.
         query_group / num_groups: per-query group ids for split metrics.
         bootstrap_budget: per-query knot counts kept for the gAP bootstrap (0: none).
-        cache_bytes: memory for keeping positive blocks between the two steps.
+        cache_bytes: memory for keeping positive blocks between the two steps (blocks
+            beyond it are computed twice; 512 MB holds the ~2 per block row of a
+            label-sorted 32k x 32k problem).
         validated: skip the NaN/inf scan of the embeddings (the caller did it).
         symmetric: leave-one-out on one embedding set (``database`` None or the same
             tensor, labels, square blocks): compute each unordered pair once, so
