@@ -22,7 +22,7 @@ import torch
 from rl_gap.losses import fast_native
 from rl_gap.losses.fast_grid import GridPlan
 
-CHUNK_ELEMENTS = 1 << 16
+CHUNK_ELEMENTS = 1 << 18
 # Use the optional one-pass CPU library (``fast_native``) when it applies.
 USE_NATIVE = True
 # Devices whose scatter_add_ handles complex128 (two float64 moments per add).
