@@ -176,7 +176,7 @@ def smoothed_ap_fast(
     positive: torch.Tensor,
     temperature: float,
     *,
-    tolerance: float = 1e-7,
+    tolerance: float = 1e-8,
     valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Smoothed AP of one flat ranked list in O(M) time and memory (no P × M work, no sort).
