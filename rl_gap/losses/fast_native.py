@@ -1,9 +1,7 @@
 """Optional CPU accelerator for the O(M) passes of the fast smoothed AP (built on first use).
 
-``_native_fast_rank.cpp`` is a plain C-ABI library (no torch headers): it
-compiles with the system C++ compiler in about a second, is cached under
-``$RL_GAP_CACHE`` (default ``~/.cache/rl_gap``) keyed by a hash of its source
-and flags, and is loaded with ctypes. It does the binning + moment
+``_native_fast_rank.cpp`` is a plain C-ABI library built on first use and
+loaded with ctypes (``rl_gap.native_build``). It does the binning + moment
 accumulation (forward) and the binning + per-item polynomial (backward) in
 one pass each, where the torch path (``fast_binning``) needs ~15 chunked
 elementwise passes plus scatters and gathers. Cells and offsets are
@@ -13,74 +11,29 @@ multiply-add that the library keeps separate).
 
 Used only for contiguous CPU float32/float64 scores whose dtype is the
 plan's binning dtype; everything else (CUDA, half precision) runs the torch
-path. ``RL_GAP_NATIVE=0`` disables it, ``=1`` makes a failed build an error;
-by default a missing compiler or failed build falls back to torch with one
-warning.
+path, as does ``RL_GAP_NATIVE=0`` or a machine without a compiler.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
-import warnings
 from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("_native_fast_rank.cpp")
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC"]
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_failed: str | None = None
+from rl_gap.native_build import BASE_FLAGS, NativeLibrary
+
 # Tables smaller than this get several replicas per thread (see the .cpp).
 SMALL_TABLE_BYTES = 1 << 16
 SMALL_TABLE_COPIES = 4
-
-
-def native_enabled() -> bool:
-    """Whether the library may be used (``RL_GAP_NATIVE`` not ``0``, no failed build)."""
-    return os.environ.get("RL_GAP_NATIVE", "auto") != "0" and _failed is None
 
 
 def _flags() -> list[str]:
     """Compiler flags; AVX2 code when torch found the CPU capable of it (no FMA either way:
     -ffp-contract=off keeps every product and sum separately rounded, as in the torch path)."""
     avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return [*_FLAGS, "-mavx2"] if avx2 else list(_FLAGS)
-
-
-def _build(compiler: str) -> Path:
-    source = _SOURCE.read_bytes()
-    flags = _flags()
-    key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
-    root = os.environ.get("RL_GAP_CACHE") or os.path.join(Path.home(), ".cache", "rl_gap")
-    target = Path(root) / f"rl_gap_fast_rank_{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build under a private name, then rename: concurrent processes never load a partial file.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run(
-            [compiler, *flags, str(_SOURCE), "-o", tmp],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        os.replace(tmp, target)
-    except subprocess.CalledProcessError as error:
-        raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[-2000:]}") from error
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    flags = [*BASE_FLAGS, "-fno-math-errno"]
+    return [*flags, "-mavx2"] if avx2 else flags
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -98,29 +51,15 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, f"rl_gap_fast_evaluate_{suffix}").restype = None
 
 
-def native_library() -> ctypes.CDLL | None:
-    """The loaded library (built once per machine and source), or None if unavailable."""
-    global _library, _failed
-    if not native_enabled():
-        return None
-    with _lock:
-        if _library is None and _failed is None:
-            try:
-                compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-                if compiler is None:
-                    raise RuntimeError("no C++ compiler (set CXX or install g++)")
-                lib = ctypes.CDLL(str(_build(compiler)))
-                _declare(lib)
-                _library = lib
-            except Exception as error:  # noqa: BLE001 - any build problem -> torch path
-                _failed = str(error)
-                if os.environ.get("RL_GAP_NATIVE") == "1":
-                    raise RuntimeError(f"rl_gap fast-rank library unavailable: {error}") from error
-                warnings.warn(
-                    f"rl_gap fast-rank library unavailable ({error}); using torch ops",
-                    stacklevel=2,
-                )
-    return _library
+_LIBRARY = NativeLibrary(
+    Path(__file__).with_name("_native_fast_rank.cpp"),
+    "rl_gap_fast_rank",
+    _declare,
+    _flags,
+    what="fast-rank library",
+)
+native_enabled = _LIBRARY.enabled
+native_library = _LIBRARY.load
 
 
 def usable(scores: torch.Tensor, bin_dtype: torch.dtype, valid: torch.Tensor | None) -> bool:

@@ -1,75 +1,27 @@
 """Fused CPU counting kernel for ``NegativeCounter`` (optional; built on first use).
 
-``native_count.cpp`` is a plain C-ABI library (no torch headers): it compiles
-with the system C++ compiler in about a second, is cached under
-``$RL_GAP_CACHE`` (default ``~/.cache/rl_gap``) keyed by a hash of its source
-and flags, and is loaded with ctypes. Why it exists: the eager tensor path
-costs ~10 passes and several scatters over every block, several times the GEMM
-(DESIGN §6); the kernel does one vectorised pass plus one lookup and one
-increment per score above the grid's lowest cell.
+``native_count.cpp`` is a plain C-ABI library built on first use and loaded
+with ctypes (``rl_gap.native_build``: about a second, cached in
+``~/.cache/rl_gap``). Why it exists: the eager tensor path costs ~10 passes and
+several scatters over every block, several times the GEMM (DESIGN §6); the
+kernel does one vectorised pass plus one lookup and one increment per score
+above the grid's lowest cell.
 
-``RL_GAP_NATIVE=0`` disables it, ``=1`` makes a failed build an error; by
-default a missing compiler or failed build falls back to the eager path with
-one warning. Results are identical either way (tests compare them).
+``RL_GAP_NATIVE=0`` disables it; without it the eager path gives identical
+results (tests compare them).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
-import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from rl_gap.native_build import NativeLibrary
+
 __all__ = ["native_enabled", "native_library", "CellTable", "count_block"]
-
-_SOURCE = Path(__file__).with_name("native_count.cpp")
-_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
-_lock = threading.Lock()
-_library = None
-_failed: str | None = None
-
-
-def native_enabled() -> bool:
-    """Whether the kernel may be used (``RL_GAP_NATIVE`` not ``0``, no failed build)."""
-    return os.environ.get("RL_GAP_NATIVE", "auto") != "0" and _failed is None
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("RL_GAP_CACHE") or os.path.join(Path.home(), ".cache", "rl_gap")
-    return Path(root)
-
-
-def _build(compiler: str) -> Path:
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"rl_gap_count_{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build to a private name, then rename: concurrent processes (DDP ranks) never
-    # load a half-written library.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", tmp],
-            check=True, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        os.replace(tmp, target)
-    except subprocess.CalledProcessError as error:
-        raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[-2000:]}") from error
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -84,28 +36,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         )  # fmt: skip
 
 
-def native_library():
-    """The loaded ctypes library (built once per machine), or None if unavailable."""
-    global _library, _failed
-    if not native_enabled():
-        return None
-    with _lock:
-        if _library is None and _failed is None:
-            try:
-                compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-                if compiler is None:
-                    raise RuntimeError("no C++ compiler (set CXX or install g++)")
-                lib = ctypes.CDLL(str(_build(compiler)))
-                _declare(lib)
-                _library = lib
-            except Exception as error:  # noqa: BLE001 - any build problem -> eager path
-                _failed = str(error)
-                if os.environ.get("RL_GAP_NATIVE") == "1":
-                    raise RuntimeError(f"rl_gap native kernel unavailable: {error}") from error
-                warnings.warn(
-                    f"rl_gap native kernel unavailable ({error}); using eager ops", stacklevel=2
-                )
-    return _library
+_LIBRARY = NativeLibrary(
+    Path(__file__).with_name("native_count.cpp"), "rl_gap_count", _declare,
+    what="native counting kernel",
+)  # fmt: skip
+native_enabled = _LIBRARY.enabled
+native_library = _LIBRARY.load
 
 
 def _suffix(dtype: torch.dtype) -> str:
