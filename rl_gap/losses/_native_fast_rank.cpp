@@ -68,12 +68,12 @@ inline void bin_block(const T* __restrict s, const uint8_t* __restrict valid, in
 
 constexpr int64_t kBlock = 512;
 
-template <typename T, int Order>
-void moments(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_t rows,
-             int64_t width, int copies, double* tables, int threads) {
-  const int64_t table_size = rows * width;
+// Splits the items evenly over the threads and hands each thread its items in
+// blocks of kBlock, binned: body(tid, start, len, row, off).
+template <typename T, typename Body>
+void for_binned_blocks(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g,
+                       int threads, Body body) {
   parallel(threads, [&](int tid, int nth) {
-    double* own = tables + static_cast<int64_t>(tid) * copies * table_size;
     const int64_t per = (n + nth - 1) / nth;
     const int64_t begin = std::min(n, per * tid), end = std::min(n, begin + per);
     alignas(64) int32_t row[kBlock];
@@ -85,16 +85,27 @@ void moments(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_
       } else {
         bin_block<T, true>(scores + start, valid + start, len, g, row, off);
       }
-      for (int64_t j = 0; j < len; ++j) {
-        double* dst = own + (j & (copies - 1)) * table_size + row[j] * width;
-        const double t = static_cast<double>(off[j]);
-        // Same products as the torch path: t^k = t^(k-1) * t.
-        double p[Order + 1];
-        p[0] = 1.0;
-        p[1] = t;
-        for (int k = 2; k <= Order; ++k) p[k] = p[k - 1] * t;
-        for (int k = 0; k <= Order; ++k) dst[k] += p[k];
-      }
+      body(tid, start, len, row, off);
+    }
+  });
+}
+
+template <typename T, int Order>
+void moments(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_t rows,
+             int64_t width, int copies, double* tables, int threads) {
+  const int64_t table_size = rows * width;
+  for_binned_blocks(scores, valid, n, g, threads,
+                    [&](int tid, int64_t, int64_t len, const int32_t* row, const T* off) {
+    double* own = tables + static_cast<int64_t>(tid) * copies * table_size;
+    for (int64_t j = 0; j < len; ++j) {
+      double* dst = own + (j & (copies - 1)) * table_size + row[j] * width;
+      const double t = static_cast<double>(off[j]);
+      // Same products as the torch path: t^k = t^(k-1) * t.
+      double p[Order + 1];
+      p[0] = 1.0;
+      p[1] = t;
+      for (int k = 2; k <= Order; ++k) p[k] = p[k - 1] * t;
+      for (int k = 0; k <= Order; ++k) dst[k] += p[k];
     }
   });
 }
@@ -102,26 +113,15 @@ void moments(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_
 template <typename T, int Order>
 void evaluate(const T* scores, const uint8_t* valid, int64_t n, Grid<T> g, int64_t width,
               const T* table, T* out, int threads) {
-  parallel(threads, [&](int tid, int nth) {
-    const int64_t per = (n + nth - 1) / nth;
-    const int64_t begin = std::min(n, per * tid), end = std::min(n, begin + per);
-    alignas(64) int32_t row[kBlock];
-    alignas(64) T off[kBlock];
-    for (int64_t start = begin; start < end; start += kBlock) {
-      const int64_t len = std::min(kBlock, end - start);
-      if (valid == nullptr) {
-        bin_block<T, false>(scores + start, nullptr, len, g, row, off);
-      } else {
-        bin_block<T, true>(scores + start, valid + start, len, g, row, off);
-      }
-      for (int64_t j = 0; j < len; ++j) {
-        const T* c = table + static_cast<int64_t>(row[j]) * width;
-        const T t = off[j];
-        // Horner exactly as the torch path: c[o-1] + c[o] t, then c[k] + r t.
-        T r = c[Order - 1] + c[Order] * t;
-        for (int k = Order - 2; k >= 0; --k) r = c[k] + r * t;
-        out[start + j] = r;
-      }
+  for_binned_blocks(scores, valid, n, g, threads,
+                    [&](int, int64_t start, int64_t len, const int32_t* row, const T* off) {
+    for (int64_t j = 0; j < len; ++j) {
+      const T* c = table + static_cast<int64_t>(row[j]) * width;
+      const T t = off[j];
+      // Horner exactly as the torch path: c[o-1] + c[o] t, then c[k] + r t.
+      T r = c[Order - 1] + c[Order] * t;
+      for (int k = Order - 2; k >= 0; --k) r = c[k] + r * t;
+      out[start + j] = r;
     }
   });
 }
