@@ -26,8 +26,6 @@ __all__ = ["native_enabled", "native_library", "CellTable", "count_block"]
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-    lib.rl_gap_cell_bytes.argtypes = [ctypes.c_int]
-    lib.rl_gap_cell_bytes.restype = i64
     for suffix in ("f32", "f64"):
         getattr(lib, f"rl_gap_build_{suffix}").argtypes = [p, i64, i64, p, p]
         getattr(lib, f"rl_gap_count_{suffix}").argtypes = (
@@ -59,12 +57,13 @@ class CellTable:
         lib = native_library()
         if lib is None:
             raise RuntimeError("native kernel unavailable")
-        self.grid = grid.contiguous()
+        size = grid.numel()
+        # +inf after the last value: the kernel compares with grid[base] unguarded.
+        self.grid = torch.cat([grid, grid.new_full((1,), float("inf"))]).contiguous()
+        self.size = size
         self.suffix = _suffix(grid.dtype)
-        size = self.grid.numel()
-        self.num_cells = min(max(1 << 10, 1 << int(2 * size - 1).bit_length()), 1 << 22)
-        cell_bytes = lib.rl_gap_cell_bytes(int(self.suffix == "f64"))
-        self.table = torch.empty(cell_bytes * (self.num_cells + 2), dtype=torch.uint8)
+        self.num_cells = min(max(1 << 10, 1 << int(size - 1).bit_length()), 1 << 22)
+        self.table = torch.empty(self.num_cells + 2, dtype=torch.int32)
         self.lo_scale = torch.empty(2, dtype=grid.dtype)
         getattr(lib, f"rl_gap_build_{self.suffix}")(
             self.grid.data_ptr(), size, self.num_cells, self.table.data_ptr(),
@@ -105,7 +104,7 @@ def count_block(
     fn(
         scores.data_ptr(), scores.shape[0], scores.shape[1], int(transposed),
         table.lo_scale.data_ptr(),
-        table.num_cells, table.table.data_ptr(), table.grid.data_ptr(), table.grid.numel(),
+        table.num_cells, table.table.data_ptr(), table.grid.data_ptr(), table.size,
         query_group.data_ptr(), thread_hists.data_ptr(), thread_hists.shape[1], row_start,
         own_index.data_ptr(), own_offsets.data_ptr(), row_hist.data_ptr(),
         (boot_lut if boot_lut is not None else empty).data_ptr(),

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -25,13 +24,10 @@ constexpr int64_t kStrip = 32;      // columns transposed at once (32 x R scores
 constexpr int kGroup = 8;           // compacted scores looked up before any is counted
 constexpr uint32_t kCrowded = 0x80000000u;
 
-// One uniform cell of the score axis: the grid values below it and its first value.
-template <typename T>
-struct Cell {
-  uint32_t base;  // #grid values in lower cells; top bit set: the cell holds >= 2 values
-  T first;        // smallest grid value in the cell, +inf if it holds none
-};
-
+// The cell table holds, per uniform cell of the score axis, the number of grid
+// values in lower cells (4 bytes: the table stays cache-resident longer), with
+// kCrowded set when the cell holds >= 2 values. The grid is padded with +inf, so
+// grid[base] is the cell's first value, or a larger one when the cell is empty.
 // Monotone score -> cell map; any monotone map is exact because the cell's own
 // values are compared exactly. s >= lo gives a cell >= 1 (fl(s - lo) >= 0), so
 // cell 0 holds only scores below every grid value. The top is clamped in floating
@@ -250,7 +246,7 @@ void transpose(const double* S, int64_t R, int64_t C, int64_t c0, int64_t width,
 // ---- the counter
 
 template <typename T>
-void build_impl(const T* GR, int64_t G, int64_t num_cells, Cell<T>* table, T* lo_scale) {
+void build_impl(const T* GR, int64_t G, int64_t num_cells, uint32_t* table, T* lo_scale) {
   const T lo = GR[0];
   const double span = static_cast<double>(GR[G - 1]) - static_cast<double>(GR[0]);
   T scale = static_cast<T>(span > 0 ? num_cells / span : 1.0);
@@ -260,8 +256,7 @@ void build_impl(const T* GR, int64_t G, int64_t num_cells, Cell<T>* table, T* lo
   for (int64_t i = 0; i < G; ++i) ++count[map(GR[i])];
   int64_t base = 0;
   for (int64_t c = 0; c < num_cells + 2; ++c) {
-    table[c].base = static_cast<uint32_t>(base) | (count[c] >= 2 ? kCrowded : 0u);
-    table[c].first = count[c] > 0 ? GR[base] : std::numeric_limits<T>::infinity();
+    table[c] = static_cast<uint32_t>(base) | (count[c] >= 2 ? kCrowded : 0u);
     base += count[c];
   }
   lo_scale[0] = lo;
@@ -271,8 +266,8 @@ void build_impl(const T* GR, int64_t G, int64_t num_cells, Cell<T>* table, T* lo
 template <typename T>
 struct Problem {
   CellMap<T> map;
-  const Cell<T>* table;
-  const T* GR;  // grid (G ascending distinct values)
+  const uint32_t* table;
+  const T* GR;  // grid (G ascending distinct values, then +inf)
   int64_t G;
   const int64_t* QG;  // query -> group
   int64_t* TH;        // (threads, gwidth) int64 global histograms
@@ -308,9 +303,10 @@ inline void count_group(const Problem<T>& p, const T* val, const int32_t* cell_o
 #pragma GCC unroll 8
   for (int u = 0; u < W; ++u) {
     const T s = val[u];
-    const Cell<T>& cell = p.table[cell_of[u]];
-    g[u] = static_cast<int64_t>(cell.base & ~kCrowded) + (s >= cell.first);
-    if (__builtin_expect((cell.base & kCrowded) != 0, 0)) {
+    const uint32_t cell = p.table[cell_of[u]];
+    const int64_t base = cell & ~kCrowded;
+    g[u] = base + (s >= p.GR[base]);
+    if (__builtin_expect((cell & kCrowded) != 0, 0)) {
       while (g[u] < p.G && p.GR[g[u]] <= s) ++g[u];
     }
     col_group[u] = column_group ? column_group[idx[u]] * (p.G + 1) : row_group;
@@ -434,14 +430,10 @@ void count_columns(const Problem<T>& p, const T* S, int64_t R, int64_t C, int64_
 
 }  // namespace
 
-extern "C" int64_t rl_gap_cell_bytes(int is_double) {
-  return is_double ? sizeof(Cell<double>) : sizeof(Cell<float>);
-}
-
 #define RL_GAP_EXPORT(SUFFIX, T)                                                               \
   extern "C" void rl_gap_build_##SUFFIX(const T* GR, int64_t G, int64_t num_cells, void* table, \
                                         T* lo_scale) {                                          \
-    build_impl<T>(GR, G, num_cells, static_cast<Cell<T>*>(table), lo_scale);                   \
+    build_impl<T>(GR, G, num_cells, static_cast<uint32_t*>(table), lo_scale);                  \
   }                                                                                             \
   extern "C" void rl_gap_count_##SUFFIX(                                                        \
       const T* S, int64_t R, int64_t C, int32_t transposed, const T* lo_scale,                 \
@@ -450,7 +442,8 @@ extern "C" int64_t rl_gap_cell_bytes(int is_double) {
       int64_t* RH, const int64_t* BL, int64_t* BH, int64_t boot_width, int32_t global_weight,   \
       int64_t mirror_start, int num_threads) {                                                  \
     const Problem<T> p{{lo_scale[0], lo_scale[1], static_cast<T>(num_cells + 1)},              \
-                       static_cast<const Cell<T>*>(table), GR, G, QG, TH, gwidth, OI, OO, RH,  \
+                       static_cast<const uint32_t*>(table), GR, G, QG, TH, gwidth, OI, OO,     \
+                       RH,                                                                      \
                        BL, BH, boot_width, global_weight, mirror_start};                        \
     if (transposed)                                                                             \
       count_columns(p, S, R, C, first_query, num_threads);                                      \
