@@ -333,6 +333,10 @@ def test_symmetric_native_equals_plain_eager(monkeypatch, dtype, protocol):
     # A separate database tensor has no symmetry to use; the eager mirrored path agrees.
     assert not _same(evaluate_embeddings(x, x.clone(), labels, labels, **kwargs), plain)
     assert not _same(evaluate_embeddings(x, x, labels, labels, block_size=50, **kwargs), plain)
+    array = x.numpy()  # one array passed twice is one embedding set too
+    assert not _same(
+        evaluate_embeddings(array, array, labels, labels, block_size=50, **kwargs), plain
+    )
     monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1)
     calls = []
     add = counting.NegativeCounter.add

@@ -49,6 +49,17 @@ __all__ = [
 ]
 
 
+def _same_data(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors view the very same elements (e.g. one numpy array passed twice)."""
+    return a is b or (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+    )
+
+
 def _blocks(size: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(size, s + step)) for s in range(0, size, step)]
 
@@ -175,7 +186,7 @@ def _state_from_embeddings(
         symmetric is not False
         and exclude_self
         and relevant_pairs is None
-        and database is queries
+        and _same_data(database, queries)
         and rows_step == cols_step
     )
 
