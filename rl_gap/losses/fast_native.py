@@ -17,6 +17,7 @@ path, as does ``RL_GAP_NATIVE=0`` or a machine without a compiler.
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -100,6 +101,14 @@ def grid_constants(inv_h: float, lo_cells: float, h_fine: float, first_centre: f
     return torch.tensor([inv_h, lo_cells, h_fine, first_centre, float(top)], dtype=torch.float64)
 
 
+def _pass(lib, name: str, scores: torch.Tensor, valid: torch.Tensor | None, grid: torch.Tensor):
+    """The library's ``name`` pass for the scores' dtype, with its item arguments bound."""
+    suffix = "f32" if scores.dtype == torch.float32 else "f64"
+    fn = getattr(lib, f"rl_gap_fast_{name}_{suffix}")
+    valid_ptr = None if valid is None else valid.data_ptr()
+    return functools.partial(fn, scores.data_ptr(), valid_ptr, scores.numel(), grid.data_ptr())
+
+
 def moments(
     scores: torch.Tensor,
     valid: torch.Tensor | None,
@@ -121,18 +130,8 @@ def moments(
     threads = max(1, torch.get_num_threads())
     copies = SMALL_TABLE_COPIES if rows * width * 8 < SMALL_TABLE_BYTES else 1
     tables = torch.zeros(threads * copies, rows, width, dtype=torch.float64)
-    suffix = "f32" if scores.dtype == torch.float32 else "f64"
-    getattr(lib, f"rl_gap_fast_moments_{suffix}")(
-        scores.data_ptr(),
-        None if valid is None else valid.data_ptr(),
-        scores.numel(),
-        grid.data_ptr(),
-        order,
-        rows,
-        width,
-        copies,
-        tables.data_ptr(),
-        threads,
+    _pass(lib, "moments", scores, valid, grid)(
+        order, rows, width, copies, tables.data_ptr(), threads
     )
     total = tables[0] if tables.shape[0] == 1 else tables.sum(0)
     return total[:, : order + 1]
@@ -159,15 +158,6 @@ def evaluate(
     width = 4 if order < 4 else 8
     packed = table.new_zeros(table.shape[0], width, dtype=scores.dtype)
     packed[:, : order + 1] = table
-    suffix = "f32" if scores.dtype == torch.float32 else "f64"
-    getattr(lib, f"rl_gap_fast_evaluate_{suffix}")(
-        scores.data_ptr(),
-        None if valid is None else valid.data_ptr(),
-        scores.numel(),
-        grid.data_ptr(),
-        order,
-        width,
-        packed.data_ptr(),
-        out.data_ptr(),
-        max(1, torch.get_num_threads()),
+    _pass(lib, "evaluate", scores, valid, grid)(
+        order, width, packed.data_ptr(), out.data_ptr(), max(1, torch.get_num_threads())
     )
