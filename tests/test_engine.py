@@ -279,6 +279,8 @@ def test_native_kernel_matches_eager_counts(monkeypatch):
         # Skewed scores: most grid values crowd a few cells (the kernel's slow path).
         "crowded": torch.round(uniform**12 * 1e6) / 1e6 - 0.5,
         "cosine-like": torch.randn(300, 500, generator=g, dtype=torch.float64) * 0.1,
+        "huge": torch.randn(300, 500, generator=g, dtype=torch.float64) * 1e6,
+        "tiny": torch.randn(300, 500, generator=g, dtype=torch.float64) * 1e-30,
     }
     for name, base in cases.items():
         for dtype in (torch.float64, torch.float32):
