@@ -1,5 +1,6 @@
 # rl_gap: `make demo` trains the MNIST demo with three losses; `make test` runs the CPU test suite.
-# Both bootstrap .venv (pinned installs) on a fresh machine.
+# Both bootstrap .venv on a fresh machine: exact versions from constraints.txt (setup.cfg
+# states only lower bounds, so `pip install .` into an existing environment keeps its torch).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,20 +11,23 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: venv test test-all demo lint bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==26.3
+	# torch first, on its own: pip takes these two from the local wheel cache.
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,tune]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
+# RL_GAP_NATIVE=1: a C++ helper that fails to build is an error, not a silent skip of the
+# native-vs-torch tests.
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -p no:cacheprovider tests
+	RL_GAP_NATIVE=1 $(PY) -m pytest -m "not slow" -p no:cacheprovider tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider tests
+	RL_GAP_NATIVE=1 $(PY) -m pytest -p no:cacheprovider tests
 
 demo: $(STAMP)
 	$(PY) -m rl_gap.demo

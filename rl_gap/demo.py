@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes" / "demo"
+from rl_gap.resources import recipe_path
+
 LOSSES = ("gsap", "msap", "infonce")
 COLUMNS = {
     "gAP": "val/gap",
@@ -33,9 +33,7 @@ def train_one(loss: str, output_dir: str, epochs: int | None, extra: list[str]) 
     """Run ``rl-gap fit`` on the loss's demo recipe; return its final validation metrics."""
     from rl_gap.training_cli import run_lightning_cli
 
-    recipe = RECIPE_DIR / f"mnist_{loss}.yaml"
-    if not recipe.is_file():
-        raise FileNotFoundError(f"demo recipe not found: {recipe} (run from a source checkout)")
+    recipe = recipe_path(f"demo/mnist_{loss}")  # shipped in the package (rl_gap.resources)
     argv = ["fit", "--config", str(recipe), "--output_dir", output_dir]
     if epochs is not None:
         argv += [

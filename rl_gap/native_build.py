@@ -2,20 +2,24 @@
 
 A helper is one ``.cpp`` file with a plain C ABI (no torch headers), so it
 compiles with the system compiler in about a second (torch's ``load_inline``
-takes ~50 s here). The shared library is cached under ``$RL_GAP_CACHE``
-(default ``~/.cache/rl_gap``), named by a hash of its source and flags, so an
-edited source or another compiler builds afresh. Built with ``-fopenmp``, it
+takes ~50 s here). The shared library is cached under ``$RL_GAP_CACHE``, else
+``$XDG_CACHE_HOME/rl_gap``, else ``~/.cache/rl_gap``, named by a hash of its
+source and flags, so an edited source or another compiler builds afresh. One
+process per machine compiles it: the build holds an exclusive ``fcntl`` lock on
+``<library>.lock`` and renames the finished file into place, so concurrent
+processes (DDP ranks, pytest workers) wait for that build and load its result. Built with ``-fopenmp``, it
 resolves ``libgomp`` to torch's own copy once torch is imported and shares
 torch's worker pool.
 
 ``RL_GAP_NATIVE=0`` disables every helper; ``=1`` turns a failed build into an
-error; by default a missing compiler or failed build warns once and the caller
+error (at every use, not only the first); by default a missing compiler or failed build warns once and the caller
 falls back to its torch path (which computes the same numbers).
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
@@ -33,8 +37,15 @@ BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=
 
 
 def cache_dir() -> Path:
-    """Where built helpers live: ``$RL_GAP_CACHE`` or ``~/.cache/rl_gap``."""
-    return Path(os.environ.get("RL_GAP_CACHE") or Path.home() / ".cache" / "rl_gap")
+    """Where built helpers live: ``$RL_GAP_CACHE``, ``$XDG_CACHE_HOME/rl_gap`` or ``~/.cache/rl_gap``.
+
+    A relative ``XDG_CACHE_HOME`` is ignored, as the XDG base-directory spec says.
+    """
+    if os.environ.get("RL_GAP_CACHE"):
+        return Path(os.environ["RL_GAP_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "rl_gap"
 
 
 class NativeLibrary:
@@ -68,6 +79,8 @@ class NativeLibrary:
 
     def load(self) -> ctypes.CDLL | None:
         """The loaded library (built once per machine and source), or None."""
+        if self.failure is not None and os.environ.get("RL_GAP_NATIVE") == "1":
+            raise RuntimeError(f"rl_gap {self.what} unavailable: {self.failure}")
         if not self.enabled():
             return None
         with self._lock:
@@ -96,19 +109,24 @@ class NativeLibrary:
         if target.exists():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        # Build under a private name, then rename: concurrent processes (DDP ranks)
-        # never load a half-written file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            subprocess.run(
-                [compiler, *flags, str(self.source), "-o", tmp],
-                check=True, capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            os.replace(tmp, target)
-        except subprocess.CalledProcessError as error:
-            raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[-2000:]}") from error
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        # One compile per machine: the other processes wait on the lock, then find the
+        # library; building under a private name and renaming means no process ever
+        # loads a half-written file.
+        with open(target.with_name(target.stem + ".lock"), "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            if target.exists():  # built by another process while this one waited
+                return target
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+            try:
+                subprocess.run(
+                    [compiler, *flags, str(self.source), "-o", tmp],
+                    check=True, capture_output=True, text=True, timeout=300,
+                )  # fmt: skip
+                os.replace(tmp, target)
+            except subprocess.CalledProcessError as error:
+                raise RuntimeError(f"{compiler} failed: {error.stderr.strip()[-2000:]}") from error
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         return target

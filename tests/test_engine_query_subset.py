@@ -77,7 +77,7 @@ def test_gap_brute_force_and_sklearn_on_valid_pairs():
     out = evaluate_embeddings(
         database[query_index], database, labels[query_index], labels, query_index=query_index
     )
-    # DESIGN.md: prec(i) = |{p in P: s_p >= s_i}| / |{a: s_a >= s_i}| over the valid pairs.
+    # docs/definitions.md: prec(i) = |{p in P: s_p >= s_i}| / |{a: s_a >= s_i}| over the valid pairs.
     s, r = scores[valid], rel[valid]
     ap = sum(float((s[r] >= si).sum()) / float((s >= si).sum()) for si in s[r].tolist())
     assert out["gap"] == pytest.approx(ap / int(r.sum()), abs=1e-12)

@@ -17,7 +17,7 @@ TAUS = [1e-1, 1e-2, 1e-3, 1e-4]
 
 
 def brute_force_sap(scores: torch.Tensor, positive: torch.Tensor, tau: float):
-    """DESIGN §4 smoothed AP, written plainly in float64; returns (value, gradient)."""
+    """docs/definitions.md smoothed AP, written plainly in float64; returns (value, gradient)."""
     s = scores.detach().to(torch.float64).requires_grad_()
     pos_scores = s[positive]
     sig = torch.sigmoid((s.unsqueeze(0) - pos_scores.unsqueeze(1)) / tau)  # (P, M)

@@ -8,7 +8,7 @@ Conventions checked (open_clip/loss.py, 3.3.0):
 - ``SigLipLoss.forward(image_features, text_features, logit_scale, logit_bias)``
   also takes the exponentiated scale, uses labels ``2·eye − 1`` (our z) and
   divides the summed ``−logsigmoid`` by ``image_features.shape[0]`` = Q, i.e.
-  DESIGN's ``−(1/Q) Σ log σ(z (t s + b))``.
+  docs/definitions.md's ``−(1/Q) Σ log σ(z (t s + b))``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from rl_gap.metrics.retrieval import (
     RetrievalMetrics,
     ThresholdProtocol,
 )
-from rl_gap.metrics.tail import TailExtrapolatedMAP  # tail extrapolation (DESIGN §3)
+from rl_gap.metrics.tail import TailExtrapolatedMAP  # tail extrapolation (docs/definitions.md)
 
 __all__ = [
     "GlobalAP",

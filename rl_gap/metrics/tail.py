@@ -3,7 +3,7 @@
 *Web Scale on a Budget: Tail-Aware Retrieval Evaluation* (Meivar & Avidan):
 the distractors outranking a positive are Binomial(N, x) with a per-positive
 hardness x that does not depend on the gallery size N, so hardness estimated
-from an i.i.d. distractor sample of size S predicts AP@k at any N (DESIGN §4,
+from an i.i.d. distractor sample of size S predicts AP@k at any N (docs/definitions.md,
 "Per-query hardness"). Entry points:
 
 ```python
@@ -343,7 +343,7 @@ def predict_map(
     config: TailConfig = DEFAULT_CONFIG,
     seed: int = 0,
 ) -> TailEstimate:
-    """Predict mAP@k at gallery size N from a distractor sample (DESIGN §3).
+    """Predict mAP@k at gallery size N from a distractor sample (docs/definitions.md).
 
     Args:
         pos_scores: (Q, m) positive scores per query, NaN-padded; queries with

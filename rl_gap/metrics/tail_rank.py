@@ -3,7 +3,7 @@
 *Web Scale on a Budget* (§3, App. A): positive j of a query (positives sorted
 by score, descending) is outranked by K_j ~ Binomial(N, x_j) distractors of a
 size-N gallery, x_j being the fraction of the distractor population scoring
-≥ s_j. Ties are pessimistic (DESIGN §4): ``rank(j)`` counts every item with
+≥ s_j. Ties are pessimistic (docs/definitions.md): ``rank(j)`` counts every item with
 score ≥ s_j, so ``j`` below is the number of positives scoring ≥ s_j (a tie
 group of positives shares the largest index of the group) and the precision of
 positive j is ``j / (j + K_j)``. With this convention, the realized counts of a

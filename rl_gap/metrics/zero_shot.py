@@ -2,7 +2,7 @@
 
 The CLIP benchmark's three numbers (the gSAP paper's Tables 3, R, S): top-1,
 top-5 accuracy and mean per-class recall (balanced top-1 accuracy). Ties are
-resolved pessimistically, like the retrieval metrics (DESIGN.md §4): a sample
+resolved pessimistically, like the retrieval metrics (docs/definitions.md): a sample
 counts as correct at k only when fewer than k *other* classes score at least
 as high as its true class.
 """

@@ -22,7 +22,7 @@ through a plain per-block loop). Results are identical to the textbook
 heap / stack formulations (tests compare them).
 
 Neither is always optimal for AP, so **C is a lower bound on the true
-maximum** (DESIGN §4: brute force beats the rule in ~1% of small cases). Ties
+maximum** (docs/definitions.md: brute force beats the rule in ~1% of small cases). Ties
 inside a query list are taken pessimistically (tied negatives first), as in gAP,
 so C >= gAP always.
 """

@@ -3,7 +3,7 @@
 ``native_count.cpp`` is a plain C-ABI library built on first use and loaded
 with ctypes (``rl_gap.native_build``: about a second, cached in
 ``~/.cache/rl_gap``). Why it exists: the eager tensor path costs ~10 passes and
-several scatters over every block, several times the GEMM (DESIGN §6); the
+several scatters over every block, several times the GEMM (docs/metrics_engine.md); the
 kernel does one vectorised pass plus one lookup and one increment per score
 above the grid's lowest cell.
 

@@ -1,6 +1,6 @@
 """The exact, memory-bounded retrieval state every metric is computed from.
 
-Ranking metrics with pessimistic ties (DESIGN §4) only ever need, for each
+Ranking metrics with pessimistic ties (docs/definitions.md) only ever need, for each
 positive pair ``i`` of query ``q``:
 
 - ``pos_ge`` — positives of ``q`` scoring ``>= s_i``,
@@ -121,7 +121,7 @@ class GridLookup:
     computed with the very same tensor ops for the grid values and the scores, so a
     grid value in a lower (higher) cell is certainly <= (>) the score. Only scores
     landing in a cell that holds a grid value are refined by an exact
-    ``searchsorted`` (DESIGN §6: a binary search per pair would cost 5-50x the GEMM).
+    ``searchsorted`` (docs/metrics_engine.md: a binary search per pair would cost 5-50x the GEMM).
 
     Args:
         grid: (G,) ascending distinct finite values (the positive scores), G >= 1.
