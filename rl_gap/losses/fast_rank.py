@@ -1,6 +1,6 @@
 """Sub-quadratic smoothed AP: ``smoothed_ap_fast(scores, positive, τ, tolerance=...)``.
 
-The exact smoothed AP (DESIGN §4) compares each of the P positives with all
+The exact smoothed AP (docs/definitions.md) compares each of the P positives with all
 M items: P × M sigmoids. Here every quantity is a *kernel sum*
 
     R_A(i) = 1/2 + sum_j σ((s_j − s_i)/τ)        R_P(i) = 1/2 + sum_{j in P} σ(...)

@@ -3,7 +3,7 @@
 The gSAP paper's cross-modal protocol (§4, §C.1) fine-tunes a pretrained
 OpenCLIP ViT-B/32 and swaps only the loss. This module wraps an open_clip
 model so the training module sees two L2-normalised towers and nothing else:
-the learnable logit scale / bias belong to the *loss* (DESIGN.md §3), so the
+the learnable logit scale / bias belong to the *loss* (docs/definitions.md), so the
 open_clip model's own ``logit_scale`` is frozen and only read once, to start
 InfoNCE's learnable scale from the pretrained value.
 

@@ -1,4 +1,4 @@
-"""Ranking metrics computed exactly from a ``RetrievalState`` (DESIGN §4).
+"""Ranking metrics computed exactly from a ``RetrievalState`` (docs/definitions.md).
 
 Every function returns float64 tensors; ties are pessimistic: a positive's
 precision counts every item scoring >= it, as scikit-learn's
@@ -70,7 +70,7 @@ def per_query_ap(state: RetrievalState, k: int | None = None) -> tuple[Tensor, T
     """Per-query AP (or AP@k) and the (Q,) mask of queries with a positive.
 
     AP@k = (1/min(k, |P|)) · sum over positives with rank <= k of prec, with
-    rank = #items scoring >= the positive (DESIGN §4).
+    rank = #items scoring >= the positive (docs/definitions.md).
     """
     pos_ge = state.pos_pos_ge.double()
     rank = pos_ge + state.pos_neg_ge.double()

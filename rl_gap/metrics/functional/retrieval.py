@@ -1,9 +1,9 @@
 """Functional retrieval metrics on a materialised matrix ``(scores, rel, valid)``.
 
-Same calling convention as the losses (DESIGN §3): ``scores`` (Q, D) float,
+Same calling convention as the losses (docs/definitions.md): ``scores`` (Q, D) float,
 ``rel`` (Q, D) bool, ``valid`` optional (Q, D) bool (False = pair ignored).
 Each returns a 0-d tensor on the scores' device, float64 when the scores are
-float64 (float32 otherwise). Definitions with pessimistic ties: DESIGN §4.
+float64 (float32 otherwise). Definitions with pessimistic ties: docs/definitions.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One call, every metric: ``evaluate_embeddings`` (DESIGN §3) and ``metrics_from_state``."""
+"""One call, every metric: ``evaluate_embeddings`` (docs/definitions.md) and ``metrics_from_state``."""
 
 from __future__ import annotations
 
