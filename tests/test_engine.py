@@ -65,7 +65,9 @@ def test_separate_sets_with_distractor_queries(block):
     q, d = _dyadic(40, 5, 3), _dyadic(70, 5, 4)
     ql = torch.randint(0, 30, (40,), generator=g)
     dl = torch.randint(0, 20, (70,), generator=g)  # labels >= 20 have no positive
-    ref = evaluate_scores(q @ d.T, ql[:, None] == dl[None], query_labels=ql, bootstrap=50)
+    ref = evaluate_scores(
+        q @ d.T, ql[:, None] == dl[None], query_labels=ql, database_labels=dl, bootstrap=50
+    )
     out = evaluate_embeddings(q, d, ql, dl, block_size=block, protocol=True, bootstrap=50)
     assert not _same(out, ref)
     assert out["num_distractor_queries"] > 0

@@ -7,7 +7,7 @@ import torch
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
-from rl_gap.callbacks.retrieval import retrieval_state, unique_by_index
+from rl_gap.callbacks.retrieval import evaluation_metrics, retrieval_state, unique_by_index
 from rl_gap.data.metric_learning import MNISTDemoDataModule
 from rl_gap.metrics.functional.suite import metrics_from_state
 from rl_gap.models.encoder import EmbeddingEncoder
@@ -111,7 +111,7 @@ def test_retrieval_state_matches_sklearn(subset):
     labels = torch.randint(0, 5, (40,), generator=g)
     queries = torch.tensor([1, 4, 9, 17, 22, 30]) if subset else None
     state = retrieval_state(emb, labels, queries)
-    got = metrics_from_state(state, protocol=True, ceiling=False)
+    got, _ = evaluation_metrics(emb, labels, queries, ks=(1, 5))
     rows = queries if subset else torch.arange(40)
     scores = emb[rows] @ emb.T
     rel = labels[rows][:, None] == labels[None, :]
@@ -120,6 +120,20 @@ def test_retrieval_state_matches_sklearn(subset):
     gap, map_ = _reference_metrics(scores, rel, valid)
     assert abs(got["gap"] - gap) < 1e-9 and abs(got["map"] - map_) < 1e-9
     assert {"protocol_f1g", "protocol_f1q", "protocol_r@p90", "r@1", "r@p90"} <= set(got)
+    # R@k: every item a leave-one-out query, even with a query subset (iNaturalist,
+    # as in prior work); brute force with ties against the query.
+    all_scores = emb @ emb.T
+    all_rel = labels[:, None] == labels[None, :]
+    eye = torch.eye(40, dtype=torch.bool)
+    for k in (1, 5):
+        hits = []
+        for i in range(40):
+            pos, neg = all_rel[i] & ~eye[i], ~all_rel[i]
+            if pos.any():
+                hits.append(int((all_scores[i][neg] >= all_scores[i][pos].max()).sum()) < k)
+        assert got[f"r@{k}"] == pytest.approx(np.mean(hits), abs=1e-12)
+        assert got["num_recall_queries"] == len(hits)
+    assert metrics_from_state(state, ks=(1,))["num_queries"] == len(rows)
 
     precision, recall, thresholds = global_pr_curve(state)
     ref_p, ref_r, ref_t = precision_recall_curve(rel[valid].numpy(), scores[valid].numpy())

@@ -167,14 +167,17 @@ def test_threshold_protocol_brute_force():
     scores = torch.round(scores * 4) / 4
     rel = labels[:, None] == labels[None]
     valid = ~torch.eye(40, dtype=torch.bool)
-    out = evaluate_scores(scores, rel, valid, query_labels=labels, ceiling=False)
+    out = evaluate_scores(
+        scores, rel, valid, query_labels=labels, database_labels=labels, ceiling=False
+    )
     from rl_gap.metrics.functional import split_classes
 
     half = split_classes(labels).numpy().astype(bool)
     m = valid.numpy()
 
     def flat(rows):
-        sel = m & rows[:, None]
+        # each half is its own problem: its rows against its columns only
+        sel = m & rows[:, None] & rows[None, :]
         return scores.numpy()[sel], rel.numpy()[sel]
 
     s_fit, r_fit = flat(~half)
@@ -191,8 +194,9 @@ def test_threshold_protocol_brute_force():
     assert out["protocol_r@p90"] == pytest.approx(
         np.sum(r_ev & (s_ev >= t_p)) / r_ev.sum(), abs=1e-12
     )
+    h = torch.from_numpy(half)
     assert out["protocol_f1q"] == pytest.approx(
-        ref_query_f1(scores[half], rel[half], valid[half]), abs=1e-12
+        ref_query_f1(scores[h][:, h], rel[h][:, h], valid[h][:, h]), abs=1e-12
     )
 
 
@@ -284,8 +288,10 @@ def test_protocol_and_ceiling_wrappers_match_suite():
     scores = scores + (labels[:, None] == labels[None]).double() * 0.5
     rel = labels[:, None] == labels[None]
     valid = ~torch.eye(30, dtype=torch.bool)
-    suite = evaluate_scores(scores, rel, valid, query_labels=labels, ceiling=True)
-    proto = threshold_protocol(scores, rel, valid, query_labels=labels)
+    suite = evaluate_scores(
+        scores, rel, valid, query_labels=labels, database_labels=labels, ceiling=True
+    )
+    proto = threshold_protocol(scores, rel, valid, query_labels=labels, database_labels=labels)
     for key in ("f1g", "r@p90", "f1q"):
         assert float(proto[key]) == pytest.approx(suite[f"protocol_{key}"], abs=1e-12)
     ceiling = consistency_ceiling(scores, rel, valid)

@@ -2,12 +2,15 @@
 
 The module's ``validation_step``/``test_step`` return ``{"embeddings",
 "labels", "indices"}``; this callback collects them, gathers all ranks
-(dropping duplicates by index), and rank 0 computes, in one pass of GEMM
-blocks (``rl_gap.metrics.functional``): gAP, mAP, mAP@k, R@k, R@P90, global
+(dropping duplicates by index), and rank 0 computes, with the blocked exact
+engine (``rl_gap.metrics.functional``): gAP, mAP, mAP@k, R@k, R@P90, global
 F1g / per-query F1q, and the threshold protocol of the gSAP paper (§C.3:
 thresholds fitted on a random half of the classes, reported on the other
-half, logged as ``protocol_*``). Values are broadcast so every rank logs
-the same numbers (``ModelCheckpoint`` may monitor ``val/gap``).
+half, each half ranked as its own problem, logged as ``protocol_*``). With a
+query subset (iNaturalist: 4 per class) R@k is still over every image
+(``evaluation_metrics``). Values, or rank 0's error, are broadcast so every
+rank logs the same numbers or fails with it (``ModelCheckpoint`` may monitor
+``val/gap`` when validation is a held-out split, see ``selection.py``).
 With ``plots=True`` it also saves the global precision-recall curve and the
 histogram of per-query optimal thresholds against the shared threshold
 (the paper's Figure 4) as PNGs in the run directory and sends them to W&B.
@@ -25,10 +28,15 @@ from lightning.pytorch.callbacks import Callback
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
 from rl_gap.losses import dist
+from rl_gap.metrics.functional.arguments import check_block_size
 from rl_gap.metrics.functional.engine import state_from_embeddings
-from rl_gap.metrics.functional.protocol import split_classes
 from rl_gap.metrics.functional.ranking import global_f1_from_state
-from rl_gap.metrics.functional.suite import metrics_from_state, query_groups
+from rl_gap.metrics.functional.suite import (
+    check_suite_arguments,
+    embedding_protocol_states,
+    metrics_from_state,
+    query_groups,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +57,9 @@ def retrieval_state(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
     query_positions: torch.Tensor | None = None,
-    protocol_seed: int = 0,
     block_size: int = 2048,
 ):
-    """Exact retrieval state of an evaluation set, with threshold-protocol query groups.
+    """Exact retrieval state of an evaluation set (distractor queries in their own group).
 
     ``query_positions=None``: every item is a query against all others
     (leave-one-out). Otherwise those rows are the queries against the whole
@@ -62,19 +69,61 @@ def retrieval_state(
     _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
     has_positive = (counts[inverse] - 1).cpu() > 0  # another item of the same class exists
     if query_positions is None:
-        group, num_groups = query_groups(has_positive, split_classes(labels.cpu(), protocol_seed))
+        group, num_groups = query_groups(has_positive)
         return state_from_embeddings(
             embeddings, embeddings, labels, labels, exclude_self=True, block_size=block_size,
             query_group=group, num_groups=num_groups,
         )  # fmt: skip
     query_positions = query_positions.to(embeddings.device)
-    q_labels = labels[query_positions]
-    split = split_classes(q_labels.cpu(), protocol_seed)
-    group, num_groups = query_groups(has_positive[query_positions.cpu()], split)
+    group, num_groups = query_groups(has_positive[query_positions.cpu()])
     return state_from_embeddings(
-        embeddings[query_positions], embeddings, q_labels, labels, query_index=query_positions,
-        block_size=block_size, query_group=group, num_groups=num_groups,
+        embeddings[query_positions], embeddings, labels[query_positions], labels,
+        query_index=query_positions, block_size=block_size, query_group=group,
+        num_groups=num_groups,
     )  # fmt: skip
+
+
+def evaluation_metrics(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    query_positions: torch.Tensor | None = None,
+    *,
+    ks: tuple[int, ...] = (1, 5, 10),
+    precisions: tuple[float, ...] = (0.9,),
+    map_at: tuple[int, ...] = (),
+    protocol_seed: int = 0,
+    block_size: int = 2048,
+):
+    """Metrics of an evaluation split as the papers report them; returns ``(metrics, state)``.
+
+    - gAP, mAP, mAP@k, R@P, F1 and the threshold protocol use the queries
+      (``query_positions``, e.g. iNaturalist's 4 per class; None: every item,
+      leave-one-out) against the whole split;
+    - R@k is over *every* item of the split as a leave-one-out query, as in prior
+      work (iNaturalist: all 136,093 test images), whatever the query subset;
+    - the threshold protocol ranks each half of the classes as its own problem:
+      the half's queries against the half's items (``protocol.py``).
+    """
+    state = retrieval_state(embeddings, labels, query_positions, block_size)
+    recall_state = None
+    if query_positions is not None and ks:
+        recall_state = retrieval_state(embeddings, labels, None, block_size)
+    if query_positions is None:
+        halves = embedding_protocol_states(
+            embeddings, None, labels, labels, exclude_self=True, precisions=precisions,
+            seed=protocol_seed, block_size=block_size,
+        )  # fmt: skip
+    else:
+        query_positions = query_positions.to(embeddings.device)
+        halves = embedding_protocol_states(
+            embeddings[query_positions], embeddings, labels[query_positions], labels,
+            query_index=query_positions.cpu(), precisions=precisions, seed=protocol_seed,
+            block_size=block_size,
+        )  # fmt: skip
+    metrics = metrics_from_state(
+        state, ks, precisions, map_at, ceiling=False, protocol=halves, recall_state=recall_state
+    )
+    return metrics, state
 
 
 class RetrievalEvaluation(Callback):
@@ -101,9 +150,10 @@ class RetrievalEvaluation(Callback):
         max_plot_points: int = 2000,
     ) -> None:
         self.plots = plots
-        self.map_at, self.ks, self.precision = tuple(map_at), tuple(ks), precision
+        # checked here, at construction, not after the first training epoch
+        self.ks, (self.precision,), self.map_at, _ = check_suite_arguments(ks, (precision,), map_at)
         self.protocol_seed = protocol_seed
-        self.block_size = block_size
+        self.block_size = check_block_size(block_size)
         self.max_plot_points = max_plot_points
         self._outputs: list[dict[str, torch.Tensor]] = []
         self.last_metrics: dict[str, float] = {}
@@ -167,17 +217,29 @@ class RetrievalEvaluation(Callback):
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         emb, labels, indices = self._gathered(pl_module)
         metrics: dict[str, float] = {}
+        error: BaseException | None = None
         if trainer.is_global_zero:
-            if emb.shape[0] < 2:
-                raise ValueError(f"{stage}: need at least 2 embedded items, got {emb.shape[0]}")
-            queries = self._query_positions(trainer, stage, indices)
-            state = retrieval_state(emb, labels, queries, self.protocol_seed, self.block_size)
-            metrics = metrics_from_state(
-                state, self.ks, (self.precision,), self.map_at, ceiling=False, protocol=True
-            )
-            if self.plots:
-                self._plot(trainer, state, stage)
-        metrics = trainer.strategy.broadcast(metrics, src=0)
+            try:
+                if emb.shape[0] < 2:
+                    raise ValueError(f"{stage}: need at least 2 embedded items, got {emb.shape[0]}")
+                queries = self._query_positions(trainer, stage, indices)
+                metrics, state = evaluation_metrics(
+                    emb, labels, queries, ks=self.ks, precisions=(self.precision,),
+                    map_at=self.map_at, protocol_seed=self.protocol_seed,
+                    block_size=self.block_size,
+                )  # fmt: skip
+                if self.plots:
+                    self._plot(trainer, state, stage)
+            except Exception as exc:  # every rank must learn of it, or they hang below
+                error = exc
+        # Rank 0 sends the metrics or its error; the other ranks wait here, so an
+        # error on rank 0 must reach them (else they would hang in the next collective).
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        metrics, message = trainer.strategy.broadcast((metrics, message), src=0)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise RuntimeError(f"{stage} evaluation failed on rank 0: {message}")
         self.last_metrics = {f"{stage}/{k}": v for k, v in metrics.items()}
         for key, value in self.last_metrics.items():
             pl_module.log(key, value, prog_bar=key.endswith(("/gap", "/map")), sync_dist=False)

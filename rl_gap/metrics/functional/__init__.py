@@ -10,7 +10,11 @@ from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
 from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import state_from_embeddings
-from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
+from rl_gap.metrics.functional.protocol import (
+    protocol_halves,
+    split_classes,
+    threshold_protocol_from_states,
+)
 from rl_gap.metrics.functional.retrieval import (
     consistency_ceiling,
     global_ap,
@@ -35,7 +39,8 @@ __all__ = [
     "split_classes",
     "state_from_embeddings",
     "threshold_protocol",
-    "threshold_protocol_from_state",
+    "threshold_protocol_from_states",
+    "protocol_halves",
     "global_ap",
     "global_f1",
     "mean_ap",

@@ -14,7 +14,13 @@ from rl_gap.metrics.functional.state import (
     unique_sorted,
 )
 
-__all__ = ["state_from_scores", "check_matrix_inputs", "prepare_positives", "bootstrap_knots"]
+__all__ = [
+    "state_from_scores",
+    "check_matrix_inputs",
+    "prepare_positives",
+    "merge_grid",
+    "bootstrap_knots",
+]
 
 _DENSE_BLOCK = 1 << 22  # pairs per counting block
 
@@ -29,6 +35,11 @@ def check_matrix_inputs(
     """
     if not isinstance(scores, Tensor) or not isinstance(rel, Tensor):
         raise ValueError("scores and rel must be torch tensors")
+    if valid is not None and not isinstance(valid, Tensor):
+        raise ValueError(
+            f"valid must be a (Q, D) bool tensor or None, got {type(valid).__name__} {valid!r} "
+            "(cut-offs are keyword arguments: mean_ap(scores, rel, k=5))"
+        )
     if scores.ndim == 1:
         scores, rel = scores.unsqueeze(0), rel.unsqueeze(0) if rel.ndim == 1 else rel
         valid = valid.unsqueeze(0) if valid is not None and valid.ndim == 1 else valid
@@ -77,6 +88,21 @@ def prepare_positives(
     return order, pos_query, pos_scores, offsets, grid, pos_grid_index
 
 
+def merge_grid(grid: Tensor, pos_grid_index: Tensor, extra: Tensor) -> tuple[Tensor, Tensor]:
+    """Add ``extra`` finite values (e.g. thresholds fitted elsewhere) to the grid, so
+    the negatives counted at each of them are exact. Grid values without a positive
+    add nothing to gAP/R@P/F1 (they weigh by the positives at a value).
+
+    Returns the new ascending distinct grid and the positives' positions in it.
+    """
+    extra = extra.to(device=grid.device, dtype=grid.dtype).reshape(-1)
+    extra = extra[torch.isfinite(extra)]
+    if extra.numel() == 0:
+        return grid, pos_grid_index
+    merged = unique_sorted(torch.cat([grid, extra]))
+    return merged, torch.searchsorted(merged, grid)[pos_grid_index]
+
+
 def bootstrap_knots(
     pos_grid_index: Tensor, grid_size: int, num_queries: int, budget: int
 ) -> Tensor:
@@ -107,6 +133,7 @@ def _state_from_scores(
     num_groups: int = 1,
     bootstrap_budget: int = 0,
     heavy_threads: int = 1,
+    extra_grid: Tensor | None = None,
 ) -> RetrievalState:
     """Exact retrieval state of a materialised matrix.
 
@@ -119,6 +146,8 @@ def _state_from_scores(
         bootstrap_budget: entries of per-query knot counts to keep for the gAP
             bootstrap (0: none).
         heavy_threads: CPU threads for the counting kernel.
+        extra_grid: optional scores added to the grid (``merge_grid``): negatives are
+            counted exactly at each (the threshold protocol's fitted thresholds).
     """
     scores, rel, valid = check_matrix_inputs(scores, rel, valid)
     scores = scores.to(compute_dtype_for(scores.dtype))
@@ -131,6 +160,8 @@ def _state_from_scores(
     _, pos_query, pos_scores, offsets, grid, pos_grid_index = prepare_positives(
         q_idx, scores[q_idx, d_idx], num_queries
     )
+    if extra_grid is not None:
+        grid, pos_grid_index = merge_grid(grid, pos_grid_index, extra_grid)
     num_negatives = (valid & ~rel).sum(1)
     if grid.numel() == 0:
         groups = torch.zeros((num_groups, 0), dtype=torch.long, device=device)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rl_gap.metrics.functional.arguments import check_block_size
 from rl_gap.metrics.functional.counting import NegativeCounter
-from rl_gap.metrics.functional.dense import bootstrap_knots, prepare_positives
+from rl_gap.metrics.functional.dense import bootstrap_knots, merge_grid, prepare_positives
 from rl_gap.metrics.functional.engine_inputs import (
     as_tensor,
     check_embeddings,
@@ -91,6 +92,7 @@ def _state_from_embeddings(
     validated: bool = False,
     symmetric: bool | None = None,
     heavy_threads: int = 1,
+    extra_grid: Tensor | None = None,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -115,6 +117,8 @@ def _state_from_embeddings(
             tensor, labels, square blocks): compute each unordered pair once, so
             (i, j) and (j, i) share one value (None: whenever possible; False: never).
         heavy_threads: CPU threads for the GEMM blocks and the counting kernel.
+        extra_grid: optional scores added to the grid (``merge_grid``): negatives are
+            counted exactly at each (the threshold protocol's fitted thresholds).
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
@@ -130,9 +134,10 @@ def _state_from_embeddings(
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
     device = torch.device(device) if device is not None else queries.device
     dtype = compute_dtype_for(torch.promote_types(queries.dtype, database.dtype))
+    block_size = check_block_size(block_size)
     rows_step, cols_step = (block_size, block_size) if isinstance(block_size, int) else block_size
-    if rows_step < 1 or cols_step < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be an integer >= 0, got {cache_bytes!r}")
 
     # ---- relevance, in label-sorted order
     if relevant_pairs is not None:
@@ -260,6 +265,8 @@ def _state_from_embeddings(
     _, pos_query, pos_scores, offsets, grid, pos_grid_index = prepare_positives(
         pos_query, pos_scores, num_q
     )
+    if extra_grid is not None:
+        grid, pos_grid_index = merge_grid(grid, pos_grid_index, extra_grid)
     group_sorted = (
         torch.zeros(num_q, dtype=torch.long)
         if query_group is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rl_gap.metrics.functional.arguments import check_k, check_precision
 from rl_gap.metrics.functional.state import RetrievalState
 
 __all__ = [
@@ -77,8 +78,7 @@ def per_query_ap(state: RetrievalState, k: int | None = None) -> tuple[Tensor, T
     precision = pos_ge / rank
     num_pos = state.num_positives
     if k is not None:
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        k = check_k(k)
         precision = torch.where(rank <= k, precision, torch.zeros_like(precision))
         denominator = num_pos.clamp(max=k).double()
     else:
@@ -115,8 +115,7 @@ def recall_at_k_from_state(
     rank first, so a query counts iff fewer than k negatives score >= its best
     positive.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    k = check_k(k)
     num_pos = state.num_positives
     has_pos = num_pos > 0
     first = torch.cumsum(num_pos, 0) - num_pos  # index of each query's best positive
@@ -137,8 +136,7 @@ def recall_at_precision_from_state(
     to the next positive keeps recall and adds negatives). Returns
     ``(recall, threshold)``; recall 0 and threshold +inf when none qualifies.
     """
-    if not 0.0 < precision <= 1.0:
-        raise ValueError(f"precision must be in (0, 1], got {precision}")
+    precision = check_precision(precision)
     tp, fp, count = global_curve(state, groups)
     total = count.sum()
     if total == 0:

@@ -12,9 +12,10 @@ import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional import ranking
+from rl_gap.metrics.functional.arguments import check_precision, precision_tag
 from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
-from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
+from rl_gap.metrics.functional.protocol import threshold_protocol_from_states
 
 __all__ = [
     "global_ap",
@@ -84,19 +85,25 @@ def threshold_protocol(
     valid: Tensor | None = None,
     *,
     query_labels: Tensor,
+    database_labels: Tensor,
     precision: float = 0.9,
     seed: int = 0,
 ) -> dict[str, Tensor]:
     """Shared-threshold protocol (gSAP paper §C.3) on a materialised matrix.
 
-    The query classes (``query_labels``, (Q,)) are split in two halves
-    (``split_classes(query_labels, seed)``); thresholds are fitted on the rows of
-    the first half and ``{"f1g", "r@p90", "f1q"}`` reported on the other half.
+    The classes (``query_labels`` (Q,), ``database_labels`` (D,): the class of each
+    row and column) are split in two seeded halves (``protocol_halves``); each half
+    is its own problem, its rows against its columns. Thresholds are fitted on the
+    first and ``{"f1g", "r@p90", "f1q"}`` reported on the second.
     """
-    half = split_classes(query_labels, seed).to(scores.device)
-    state = state_from_scores(scores, rel, valid, half, 2)
-    out = threshold_protocol_from_state(state, [0], [1], precision)
-    tag = f"r@p{round(precision * 100)}"
+    from rl_gap.metrics.functional.suite import score_protocol_states
+
+    precision = check_precision(precision)
+    fit, evaluate = score_protocol_states(
+        scores, rel, valid, query_labels, database_labels, (precision,), seed
+    )
+    out = threshold_protocol_from_states(fit, evaluate, (precision,))
+    tag = f"r@p{precision_tag(precision)}"
     return {k: _out(torch.tensor(out[k], dtype=torch.float64), scores) for k in ("f1g", tag, "f1q")}
 
 

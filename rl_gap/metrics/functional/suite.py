@@ -6,6 +6,12 @@ import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional import ranking
+from rl_gap.metrics.functional.arguments import (
+    check_count,
+    check_ks,
+    check_precisions,
+    precision_tag,
+)
 from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
 from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
@@ -16,22 +22,43 @@ from rl_gap.metrics.functional.engine import (
     relevant_pairs_from_fn,
     state_from_embeddings,
 )
-from rl_gap.metrics.functional.protocol import split_classes, threshold_protocol_from_state
+from rl_gap.metrics.functional.engine_inputs import check_labels
+from rl_gap.metrics.functional.protocol import (
+    protocol_halves,
+    protocol_states,
+    threshold_protocol_from_states,
+)
 from rl_gap.metrics.functional.state import RetrievalState, torch_threads
 
-__all__ = ["evaluate_embeddings", "evaluate_scores", "metrics_from_state", "query_groups"]
+__all__ = [
+    "evaluate_embeddings",
+    "evaluate_scores",
+    "metrics_from_state",
+    "query_groups",
+    "embedding_protocol_states",
+    "score_protocol_states",
+    "check_suite_arguments",
+]
 
-# Query groups: bit 0 = distractor query (no positive), bit 1 = eval half of the protocol.
-_DISTRACTOR, _EVAL_HALF = 1, 2
+# Query groups: bit 0 = distractor query (no positive).
+_DISTRACTOR = 1
 
 
-def query_groups(has_positive: Tensor, protocol_half: Tensor | None) -> tuple[Tensor, int]:
-    """Group id per query (distractor bit, protocol-half bit) and the number of groups."""
-    group = (~has_positive.cpu()).long() * _DISTRACTOR
-    if protocol_half is not None:
-        group = group + protocol_half.cpu().long() * _EVAL_HALF
-        return group, 4
-    return group, 2
+def query_groups(has_positive: Tensor) -> tuple[Tensor, int]:
+    """Group id per query (1 = distractor query, no positive) and the number of groups."""
+    return (~has_positive.cpu()).long() * _DISTRACTOR, 2
+
+
+def check_suite_arguments(
+    ks=(1, 5, 10), precisions=(0.9,), map_at=(), bootstrap: int = 0
+) -> tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...], int]:
+    """Validated ``(ks, precisions, map_at, bootstrap)`` (``arguments.py``)."""
+    return (
+        check_ks(ks, "ks"),
+        check_precisions(precisions),
+        check_ks(map_at, "map_at"),
+        check_count(bootstrap, "bootstrap samples"),
+    )
 
 
 def metrics_from_state(*args, **kwargs) -> dict[str, float]:
@@ -47,21 +74,30 @@ def _metrics_from_state(
     precisions: tuple[float, ...] = (0.9,),
     map_at: tuple[int, ...] = (),
     ceiling: bool | None = None,
-    protocol: bool = False,
+    protocol: tuple[RetrievalState, RetrievalState] | None = None,
     bootstrap: int = 0,
     seed: int = 0,
+    recall_state: RetrievalState | None = None,
 ) -> dict[str, float]:
     """Every metric from one state, as Python floats.
 
     Keys: ``gap``, ``gap_no_distractors``, ``map``, ``map@k``, ``r@k``,
-    ``r@p{90}`` (+ ``threshold_p90``), ``f1g``/``f1q`` (best global / mean
-    per-query F1 on all queries), ``ceiling``/``efficiency`` (when computed;
-    ``ceiling=None`` computes it up to 2e6 positive pairs), ``protocol_*``
-    (threshold protocol, when the state was built with protocol groups),
-    ``gap_ci_*``/``map_ci_*`` (bootstrap), and counts ``num_queries``,
-    ``num_positive_pairs``, ``num_pairs``, ``num_distractor_queries``.
-    Groups follow ``query_groups``.
+    ``r@p{90}`` (+ ``threshold_p90``; 0.904 gives ``r@p90.4``), ``f1g``/``f1q`` (best
+    global / mean per-query F1 on all queries), ``ceiling``/``efficiency`` (when
+    computed; ``ceiling=None`` computes it up to 2e6 positive pairs), ``protocol_*``
+    (threshold protocol from ``protocol`` = the (fit, eval) half problems of
+    ``protocol_states``), ``gap_ci_*``/``map_ci_*`` (bootstrap), and counts
+    ``num_queries``, ``num_positive_pairs``, ``num_pairs``,
+    ``num_distractor_queries``, ``num_recall_queries`` (queries R@k averages over).
+    ``recall_state``: R@k from this problem instead (iNaturalist: gAP/mAP on 4 queries
+    per class, R@k over every test image). Groups follow ``query_groups``.
     """
+    ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
+    if isinstance(protocol, bool):
+        raise ValueError(
+            "protocol takes the (fit, eval) half problems (protocol_states / "
+            "embedding_protocol_states), not a bool"
+        )
     out: dict[str, float] = {}
     num_pos = state.num_positives
     out["gap"] = float(ranking.global_ap_from_state(state))
@@ -74,12 +110,13 @@ def _metrics_from_state(
     out["map"] = float(ranking.mean_ap_from_state(state))
     for k in map_at:
         out[f"map@{k}"] = float(ranking.mean_ap_from_state(state, k))
+    recall_from = state if recall_state is None else recall_state
     for k in ks:
-        out[f"r@{k}"] = float(ranking.recall_at_k_from_state(state, k))
+        out[f"r@{k}"] = float(ranking.recall_at_k_from_state(recall_from, k))
     for p in precisions:
         recall, threshold = ranking.recall_at_precision_from_state(state, p)
-        out[f"r@p{round(p * 100)}"] = float(recall)
-        out[f"threshold_p{round(p * 100)}"] = float(threshold)
+        out[f"r@p{precision_tag(p)}"] = float(recall)
+        out[f"threshold_p{precision_tag(p)}"] = float(threshold)
     out["f1g"] = float(ranking.global_f1_from_state(state)[0])
     out["f1q"] = float(ranking.per_query_f1_from_state(state))
     num_pairs = int(state.num_negatives.sum()) + int(num_pos.sum())
@@ -89,21 +126,74 @@ def _metrics_from_state(
         c = ceiling_from_state(state)
         out.update(c)
         out["efficiency"] = out["gap"] / c["ceiling"] if c["ceiling"] > 0 else float("nan")
-    if protocol:
-        if num_groups != 4:
-            raise ValueError("protocol metrics need a state built with protocol groups")
-        fit = [g for g in range(4) if not g & _EVAL_HALF]
-        evaluate = [g for g in range(4) if g & _EVAL_HALF]
-        for p in precisions:
-            result = threshold_protocol_from_state(state, fit, evaluate, p)
-            out.update({f"protocol_{k}": v for k, v in result.items()})
+    if protocol is not None:
+        result = threshold_protocol_from_states(protocol[0], protocol[1], precisions)
+        out.update({f"protocol_{k}": v for k, v in result.items()})
     if bootstrap > 0:
         out.update(bootstrap_from_state(state, bootstrap, seed=seed))
     out["num_queries"] = float(state.num_queries)
     out["num_positive_pairs"] = float(num_pos.sum())
     out["num_pairs"] = float(num_pairs)
     out["num_distractor_queries"] = float((num_pos == 0).sum())
+    out["num_recall_queries"] = float((recall_from.num_positives > 0).sum())
     return out
+
+
+def embedding_protocol_states(
+    queries: Tensor,
+    database: Tensor | None,
+    query_labels: Tensor,
+    database_labels: Tensor,
+    *,
+    exclude_self: bool = False,
+    query_index: Tensor | None = None,
+    precisions: tuple[float, ...] = (0.9,),
+    seed: int = 0,
+    **engine_kwargs,
+) -> tuple[RetrievalState, RetrievalState]:
+    """The threshold protocol's (fit, eval) problems from embeddings (``protocol.py``):
+    each half's queries against that half's database items only.
+
+    Args:
+        queries / database: (Q, dim) / (D, dim) embeddings (database None = queries).
+        query_labels / database_labels: (Q,) / (D,) integer labels.
+        exclude_self / query_index: self pairs, as in ``state_from_embeddings``.
+        engine_kwargs: ``block_size``, ``device``, ``cache_bytes`` of the engine.
+    """
+    database = queries if database is None else database
+    query_labels = check_labels(
+        as_tensor(query_labels, "query_labels").cpu(), len(queries), "query_labels"
+    )
+    database_labels = check_labels(
+        as_tensor(database_labels, "database_labels").cpu(), len(database), "database_labels"
+    )
+    self_index = check_query_index(query_index, len(queries), len(database), exclude_self)
+    q_half, d_half = protocol_halves(query_labels, database_labels, seed)
+
+    def build(half: int, extra: Tensor | None) -> RetrievalState:
+        q_rows = torch.nonzero(q_half == half).flatten()
+        d_rows = torch.nonzero(d_half == half).flatten()
+        if d_rows.numel() == 0:
+            raise ValueError(
+                f"threshold protocol: the {('fit', 'eval')[half]} half of the classes has no "
+                "database item"
+            )
+        q_sub, q_lab = queries[q_rows], query_labels[q_rows]
+        if exclude_self:
+            return state_from_embeddings(
+                q_sub, q_sub, q_lab, q_lab, exclude_self=True, extra_grid=extra, **engine_kwargs
+            )
+        index = None
+        if self_index is not None:
+            position = torch.full((len(database),), -1, dtype=torch.long)
+            position[d_rows] = torch.arange(d_rows.numel())
+            index = position[self_index[q_rows]]  # a query's row has its label: same half
+        return state_from_embeddings(
+            q_sub, database[d_rows], q_lab, database_labels[d_rows], query_index=index,
+            extra_grid=extra, **engine_kwargs,
+        )  # fmt: skip
+
+    return protocol_states(build, precisions)
 
 
 def _positives_per_query(q_labels: Tensor, d_labels: Tensor, exclude_self: bool) -> Tensor:
@@ -134,6 +224,7 @@ def evaluate_embeddings(
     block_size: int | tuple[int, int] = 2048,
     device: torch.device | str | None = None,
     seed: int = 0,
+    cache_bytes: int = 512 << 20,
 ) -> dict[str, float]:
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
@@ -145,10 +236,13 @@ def evaluate_embeddings(
     the test set) excludes each query's self pair from every metric. Distractor queries (no positive)
     count in gAP, are excluded from mAP/R@k/F1q, and are reported as
     ``num_distractor_queries``. ``protocol=True`` adds the threshold protocol on
-    a seeded split of the query classes; ``bootstrap=n`` adds 95% intervals.
+    a seeded split of the query classes, each half its own retrieval problem
+    (``protocol.py``); ``bootstrap=n`` adds 95% intervals. ``cache_bytes``: memory
+    for positive blocks kept between the engine's two passes (0: recompute them).
     See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
     the engine. Returns Python floats.
     """
+    ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
     queries_t = as_tensor(queries, "queries")
     check_embeddings(queries_t, "query embeddings")
     if database is not None:
@@ -162,7 +256,6 @@ def evaluate_embeddings(
         if relevant_pairs is not None:
             raise ValueError("give relevant_pairs or relevance_fn, not both")
         relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
-    protocol_half = None
     if relevant_pairs is not None:
         if protocol:
             raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
@@ -188,17 +281,24 @@ def evaluate_embeddings(
             )
         if d_lab.ndim != 1:
             raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
-        has_positive = _positives_per_query(q_lab.long(), d_lab.long(), self_index is not None) > 0
-        if protocol:
-            protocol_half = split_classes(q_lab, seed)
-    group, num_groups = query_groups(has_positive, protocol_half)
+        q_lab = check_labels(q_lab, num_q, "query_labels")
+        d_lab = check_labels(d_lab, num_d, "database_labels")
+        has_positive = _positives_per_query(q_lab, d_lab, self_index is not None) > 0
+    group, num_groups = query_groups(has_positive)
+    engine = {"block_size": block_size, "device": device, "cache_bytes": cache_bytes}
     state = state_from_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
-        query_index=query_index, relevant_pairs=relevant_pairs, block_size=block_size, device=device,
-        query_group=group, num_groups=num_groups,
-        bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0, validated=True,
+        query_index=query_index, relevant_pairs=relevant_pairs, query_group=group,
+        num_groups=num_groups, bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0,
+        validated=True, **engine,
     )  # fmt: skip
-    return metrics_from_state(state, ks, precisions, map_at, ceiling, protocol, bootstrap, seed)
+    halves = None
+    if protocol:
+        halves = embedding_protocol_states(
+            queries_t, database, q_lab, d_lab, exclude_self=exclude_self,
+            query_index=query_index, precisions=precisions, seed=seed, **engine,
+        )  # fmt: skip
+    return metrics_from_state(state, ks, precisions, map_at, ceiling, halves, bootstrap, seed)
 
 
 def evaluate_scores(
@@ -207,6 +307,7 @@ def evaluate_scores(
     valid: Tensor | None = None,
     *,
     query_labels: Tensor | None = None,
+    database_labels: Tensor | None = None,
     ks: tuple[int, ...] = (1, 5, 10),
     precisions: tuple[float, ...] = (0.9,),
     map_at: tuple[int, ...] = (),
@@ -216,18 +317,67 @@ def evaluate_scores(
 ) -> dict[str, float]:
     """``evaluate_embeddings`` for a materialised ``(scores, rel, valid)`` matrix.
 
-    ``query_labels`` (Q,) enables the threshold protocol (split by query class).
+    ``query_labels`` (Q,) and ``database_labels`` (D,) (the class of each row and
+    column) enable the threshold protocol: each half of the classes is its own
+    problem, ``scores[q_half][:, d_half]`` (``protocol.py``).
     """
     if not isinstance(rel, Tensor) or not isinstance(scores, Tensor):
         raise ValueError("scores and rel must be torch tensors")
+    ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
     has_positive = (
         (rel.bool() & (valid if valid is not None else True)).reshape(-1, rel.shape[-1])
     ).any(1)
-    half = split_classes(query_labels, seed) if query_labels is not None else None
-    group, num_groups = query_groups(has_positive, half)
+    group, num_groups = query_groups(has_positive)
     state = state_from_scores(
         scores, rel, valid, group.to(scores.device), num_groups, (1 << 24) if bootstrap else 0
     )
-    return metrics_from_state(
-        state, ks, precisions, map_at, ceiling, query_labels is not None, bootstrap, seed
+    halves = None
+    if query_labels is not None or database_labels is not None:
+        halves = score_protocol_states(
+            scores, rel, valid, query_labels, database_labels, precisions, seed
+        )
+    return metrics_from_state(state, ks, precisions, map_at, ceiling, halves, bootstrap, seed)
+
+
+def score_protocol_states(
+    scores: Tensor,
+    rel: Tensor,
+    valid: Tensor | None,
+    query_labels: Tensor | None,
+    database_labels: Tensor | None,
+    precisions: tuple[float, ...] = (0.9,),
+    seed: int = 0,
+) -> tuple[RetrievalState, RetrievalState]:
+    """The threshold protocol's (fit, eval) problems of a materialised matrix: rows and
+    columns of each half of the classes (``protocol_halves``)."""
+    if query_labels is None or database_labels is None:
+        raise ValueError(
+            "the threshold protocol needs query_labels (Q,) and database_labels (D,): the "
+            "class of every row and column, to split both into halves"
+        )
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be (Q, D), got shape {tuple(scores.shape)}")
+    q_lab = check_labels(
+        as_tensor(query_labels, "query_labels").cpu(), scores.shape[0], "query_labels"
     )
+    d_lab = check_labels(
+        as_tensor(database_labels, "database_labels").cpu(), scores.shape[1], "database_labels"
+    )
+    q_half, d_half = protocol_halves(q_lab, d_lab, seed)
+    device = scores.device
+
+    def build(half: int, extra: Tensor | None) -> RetrievalState:
+        rows = torch.nonzero(q_half == half).flatten().to(device)
+        cols = torch.nonzero(d_half == half).flatten().to(device)
+        if cols.numel() == 0:
+            raise ValueError(
+                f"threshold protocol: the {('fit', 'eval')[half]} half of the classes has no "
+                "database column"
+            )
+
+        def sub(matrix: Tensor | None) -> Tensor | None:
+            return None if matrix is None else matrix[rows][:, cols]
+
+        return state_from_scores(sub(scores), sub(rel), sub(valid), extra_grid=extra)
+
+    return protocol_states(build, precisions)
