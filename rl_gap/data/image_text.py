@@ -160,6 +160,10 @@ class CLIPDataModuleBase(L.LightningDataModule):
     def test_dataloader(self) -> list[DataLoader]:
         return self.val_dataloader()
 
+    def predict_dataloader(self) -> list[DataLoader]:
+        """``rl-gap predict``: every evaluation set, written under its ``eval_name``."""
+        return self.val_dataloader()
+
 
 class ImageTextDataModule(CLIPDataModuleBase):
     """CLIP fine-tuning data: caption table or WebDataset shards; Karpathy-split

@@ -236,6 +236,8 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
     def test_dataloader(self) -> DataLoader:
         return self._eval_dataloader("test")
 
+    predict_split_names = ("test",)  # rl-gap predict writes <run>/embeddings/test/
+
     def predict_dataloader(self) -> DataLoader:
         return self._eval_dataloader("test")
 

@@ -114,7 +114,7 @@ class TwoCropDataset(Dataset):
 
 
 class EvalDataset(Dataset):
-    """Wraps a labelled image dataset; item ``i`` -> ``{"image": x, "label": y}``."""
+    """Wraps a labelled image dataset; item ``i`` -> ``{"image": x, "label": y, "index": i}``."""
 
     def __init__(self, base: Dataset, transform: Callable) -> None:
         self.base = base
@@ -125,7 +125,7 @@ class EvalDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         image, label = self.base[index]
-        return {"image": self.transform(image), "label": int(label)}
+        return {"image": self.transform(image), "label": int(label), "index": index}
 
 
 def fixed_subset_indices(n: int, size: int | None, seed: int = 0) -> list[int]:
@@ -191,3 +191,9 @@ class SSLDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> list[DataLoader]:
         return [self._loader(self.bank_set, train=False), self._loader(self.query_set, train=False)]
+
+    # ``rl-gap predict``: features of the kNN bank (training images) and of the evaluated images.
+    predict_split_names = ("train", "val")
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return self.val_dataloader()

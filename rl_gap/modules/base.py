@@ -113,3 +113,15 @@ class RankingModule(L.LightningModule, abc.ABC):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"},
         }
+
+    # ------------------------------------------------------------------ export
+    def configure_callbacks(self):
+        """``rl-gap predict`` writes ``<run>/embeddings/<split>/*.npy`` (an
+        :class:`~rl_gap.callbacks.embedding_writer.EmbeddingWriter`, unless the trainer has one)."""
+        from rl_gap.callbacks.embedding_writer import EmbeddingWriter
+
+        if self._trainer is not None and any(
+            isinstance(c, EmbeddingWriter) for c in self.trainer.callbacks
+        ):
+            return []
+        return [EmbeddingWriter()]

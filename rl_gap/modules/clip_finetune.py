@@ -206,6 +206,17 @@ class CLIPFineTuneModule(RankingModule):
     def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
         self._eval_step(batch, dataloader_idx)
 
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
+        """``rl-gap predict``: caption or image embeddings with group (pair) ids, or
+        zero-shot images with class labels (keys read by the embedding writer)."""
+        if "text" in batch and "image" not in batch:
+            return {"text_embeddings": self.encode_text(batch["text"]),
+                    "labels": batch["group"], "indices": batch["index"]}  # fmt: skip
+        emb = self.encode_image(batch["image"])
+        if "group" in batch:
+            return {"image_embeddings": emb, "labels": batch["group"], "indices": batch["index"]}
+        return {"embeddings": emb, "labels": batch["label"], "indices": batch["index"]}
+
     def on_validation_epoch_start(self) -> None:
         self._eval_buffers = {}
 

@@ -103,5 +103,5 @@ class MetricLearningModule(RankingModule):
         if self._trainer is not None and any(
             isinstance(c, RetrievalEvaluation) for c in self.trainer.callbacks
         ):
-            return []
-        return [RetrievalEvaluation(plots=self.eval_plots)]
+            return super().configure_callbacks()
+        return [*super().configure_callbacks(), RetrievalEvaluation(plots=self.eval_plots)]

@@ -304,6 +304,11 @@ class MoCoV3Module(RankingModule):
         features = self.features(batch["image"])
         self.knn.update(features, batch["label"], bank=dataloader_idx == 0)
 
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
+        """Unit-norm backbone features for ``rl-gap predict`` (the kNN / retrieval input)."""
+        features = F.normalize(self.features(batch["image"]).float(), dim=1)
+        return {"embeddings": features, "labels": batch["label"], "indices": batch["index"]}
+
     def on_validation_epoch_end(self) -> None:
         if self.knn.is_empty("bank") or self.knn.is_empty("query"):
             rank_zero_warn(
