@@ -1,10 +1,20 @@
 """Ranking losses over a batch similarity matrix: ``loss_fn(sim, rel, valid=None)``.
 
 Importing this package registers every loss (``gsap``, ``msap``, ``infonce``,
-``siglip``); a new loss module only needs ``@register_loss`` and an import here.
+``siglip``, and the other AP surrogates ``softbin``/``gsoftbin``,
+``blackbox``/``gblackbox``, ``supap``/``gsupap``); a new loss module only needs
+``@register_loss`` and an import here. docs/losses.md describes them all.
 """
 
-from rl_gap.losses import gsap, infonce, msap, siglip  # noqa: F401  (registration)
+from rl_gap.losses import (  # noqa: F401  (registration)
+    blackbox_ap,
+    gsap,
+    infonce,
+    msap,
+    siglip,
+    softbin,
+    supap,
+)
 from rl_gap.losses.gsap import GlobalSmoothAPLoss
 from rl_gap.losses.infonce import InfoNCELoss
 from rl_gap.losses.msap import MeanSmoothAPLoss

@@ -1,0 +1,151 @@
+"""Shared frame of the per-query and global AP surrogates (SoftBin, BlackBox, SupAP).
+
+Each surrogate family provides one kernel, ``list_ap(scores, positive, valid)``,
+that scores every row of an (R, D) matrix as its own ranked list. The loss
+classes built on :class:`APSurrogateLoss` only differ in which lists they hand
+to it (gSAP paper, Table L):
+
+- per-query (``softbin``, ``blackbox``, ``supap``): each row of ``sim`` with ≥ 1
+  valid positive is a list; loss = 1 − mean of the row surrogates
+  (``symmetric=True`` also ranks the columns and averages both directions);
+- global (``gsoftbin``, ``gblackbox``, ``gsupap``): the valid pairs of the whole
+  matrix, flattened row-major, are *one* list (a (1, M) matrix); loss = 1 − its
+  surrogate. So a global loss equals its per-query loss applied to the one-row
+  matrix of the flattened valid pairs.
+
+Negative dropping (``neg_drop`` = α) follows ``rl_gap/losses/common.py``:
+per row for the per-query losses, over the flattened list for the global ones.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from rl_gap.losses.common import (
+    check_batch,
+    check_neg_drop,
+    compute_dtype,
+    drop_lowest_negatives,
+    zero_loss,
+)
+
+
+def check_chunk_size(chunk_size: int | None) -> int | None:
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def check_positive_finite(name: str, value: float, allow_zero: bool = False) -> float:
+    value = float(value)
+    ok = value >= 0 if allow_zero else value > 0
+    if not (ok and math.isfinite(value)):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+    return value
+
+
+def pessimistic_ranks(scores: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """Rank of every member item within its row, ties counted against it.
+
+    ``rank[r, i] = |{j : member[r, j] and scores[r, j] >= scores[r, i]}|`` (the
+    item itself included, so the top item has rank 1; equal scores all get
+    the largest rank of their tie group, as exact AP counts them). Non-members
+    get 0. One sort per row plus O(R · D) passes; no gradient.
+
+    Args:
+        scores: (R, D) finite float scores.
+        member: (R, D) bool, the items of each row's list.
+
+    Returns:
+        (R, D) int64 ranks.
+    """
+    key = scores.detach().masked_fill(~member, -math.inf)
+    sorted_vals, order = key.sort(dim=1, descending=True)
+    width = key.shape[1]
+    # In descending order, a position ends its tie group when the next value
+    # differs; each item's rank is the 1-based position of its group's end.
+    group_end = torch.ones_like(member)
+    group_end[:, :-1] = sorted_vals[:, 1:] != sorted_vals[:, :-1]
+    position = torch.arange(1, width + 1, device=scores.device).expand(key.shape[0], width)
+    end_pos = torch.where(group_end, position, width + 1)
+    rank_sorted = end_pos.flip(1).cummin(1).values.flip(1)
+    ranks = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
+    return ranks.masked_fill_(~member, 0)
+
+
+class APSurrogateLoss(nn.Module, abc.ABC):
+    """``1 − surrogate AP``, per query (mean over rows) or global (one flattened list).
+
+    Subclasses set ``global_ranking`` and implement :meth:`list_ap`. Inputs
+    follow the loss contract: ``sim``, ``rel``, ``valid`` (Q, D) -> 0-d loss
+    (float32 for half-precision inputs, else ``sim.dtype``). A batch with no
+    valid positive gives a zero loss with a warning; rows with no valid
+    positive are ignored by the per-query losses (their pairs are still
+    negatives of the global list).
+    """
+
+    global_ranking: ClassVar[bool] = False
+
+    def __init__(self, neg_drop: float = 0.0, symmetric: bool = False) -> None:
+        super().__init__()
+        self.neg_drop = check_neg_drop(neg_drop)
+        self.symmetric = bool(symmetric)
+        if self.symmetric and self.global_ranking:
+            raise ValueError("a global loss ranks one list; symmetric=True does not apply")
+
+    @abc.abstractmethod
+    def list_ap(
+        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Surrogate AP of every row, each row one list.
+
+        Args:
+            scores: (R, D) float32/float64 scores.
+            positive: (R, D) bool, valid relevant items (every row has ≥ 1).
+            valid: (R, D) bool, the items of each row's list (⊇ ``positive``).
+
+        Returns:
+            (R,) surrogate AP per row, differentiable w.r.t. ``scores``.
+        """
+
+    def check_scores(self, sim: torch.Tensor, valid: torch.Tensor) -> None:
+        """Hook for a family's own input checks (e.g. a fixed similarity range)."""
+
+    def _mean_row_ap(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        has_pos = (rel & valid).any(1)
+        valid = drop_lowest_negatives(sim, rel, valid, self.neg_drop)
+        scores, rel, valid = sim[has_pos], rel[has_pos], valid[has_pos]
+        return self.list_ap(scores, rel & valid, valid).mean()
+
+    def forward(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        sim, rel, valid = check_batch(sim, rel, valid)
+        if not bool((rel & valid).any()):
+            return zero_loss(sim, self, "batch has no valid positive pair")
+        sim = sim.to(compute_dtype(sim.dtype))
+        self.check_scores(sim, valid)
+        if self.global_ranking:
+            scores = sim[valid]  # row-major flat list
+            positive = rel[valid]
+            if self.neg_drop > 0:
+                keep = drop_lowest_negatives(
+                    scores[None], positive[None], torch.ones_like(positive)[None], self.neg_drop
+                )[0]
+                scores, positive = scores[keep], positive[keep]
+            ap = self.list_ap(scores[None], positive[None], torch.ones_like(positive)[None])[0]
+        else:
+            ap = self._mean_row_ap(sim, rel, valid)
+            if self.symmetric:
+                ap = 0.5 * (ap + self._mean_row_ap(sim.T, rel.T, valid.T))
+        return 1.0 - ap

@@ -1,0 +1,273 @@
+"""SupAP: the rank approximation of ROADMAP (Ramzi et al., NeurIPS 2021), per query and global.
+
+For a positive k of a list with positives P and negatives N, the rank among
+positives is exact and the negatives' rank uses a smooth upper bound of the
+step, with t = s_j − s_k:
+
+    rk⁺(k) = Σ_{j in P} H(s_j − s_k)        (exact step, H(0) = 1: ties count against k)
+    rk⁻(k) = Σ_{j in N} H⁻(s_j − s_k)
+
+    H⁻(t) = σ(t/τ)               t ≤ 0
+            1/2 + σ(t/τ)         0 < t ≤ δ
+            ρ·t + offset         t > δ
+
+    SupAP = (1/|P|) Σ_{k in P} rk⁺(k) / (rk⁺(k) + rk⁻(k))
+
+The sigmoid keeps gradient for negatives ranked below a positive, the linear
+part (slope ρ) keeps a non-vanishing gradient for every negative ranked above
+it, and H⁻ ≥ H (for offset ≥ 1) makes 1 − SupAP an upper bound of 1 − AP.
+δ is the margin band; δ = 0 gives the two-piece form (sigmoid below 0,
+ρ·t + offset above). Defaults τ = 0.01, ρ = 100, offset = 1.44, δ = 0.05 are
+the authors' released SupAP settings. Positives pass no gradient through
+rk⁺ (a step); the gradient flows through the negatives' comparisons.
+
+Cost and memory. Every (positive, negative) comparison of a list is
+evaluated once, like gSAP's exact sweep: positives are processed in chunks
+and the gradient is accumulated analytically during the forward pass, so the
+peak extra memory is a few chunk × D blocks (D = list length; M for the
+global loss) plus O(R · D) — never the P × M comparison matrix. Time is
+O(P · D) per list: for the global loss, P · M over the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rl_gap.losses.ap_surrogate import (
+    APSurrogateLoss,
+    check_chunk_size,
+    check_positive_finite,
+    pessimistic_ranks,
+)
+from rl_gap.losses.common import check_temperature
+from rl_gap.losses.registry import register_loss
+
+# Elements of one (chunk × D) comparison block: 2^22 float32 = 16 MiB; the
+# sweep holds about four such blocks at a time.
+DEFAULT_BLOCK_ELEMENTS = 1 << 22
+
+
+def h_minus(
+    t: torch.Tensor, temperature: float, rho: float, offset: float, margin: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``H⁻(t)`` and its derivative (the sigmoid's left derivative at t = δ). Consumes ``t``."""
+    inv_tau = 1.0 / temperature
+    above = t > margin
+    value = torch.sigmoid(t.clamp(max=margin) * inv_tau)
+    deriv = value * (1.0 - value) * inv_tau
+    if margin > 0:
+        value += 0.5 * (t > 0)
+    linear = t.mul_(rho).add_(offset)
+    value = torch.where(above, linear, value)
+    return value, deriv.masked_fill_(above, rho)
+
+
+def _supap_sweep(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    params: tuple[float, float, float, float],
+    chunk_size: int | None,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SupAP of every row and (optionally) ∂SupAP_r/∂scores[r, :] (R, D).
+
+    Anchors (the positives of all rows, row-major) are processed in chunks;
+    each chunk compares its anchors with the negatives of their rows. A
+    one-row input compares against the compacted negatives (no mask).
+    """
+    num_rows, width = scores.shape
+    dtype = scores.dtype
+    anchors = positive.nonzero()
+    rows, cols = anchors[:, 0], anchors[:, 1]
+    anchor_scores = scores[rows, cols]
+    weight = 1.0 / positive.sum(1).to(dtype)[rows]  # 1/|P_r| of each anchor's row
+    if num_rows == 1:
+        everyone = torch.ones(1, rows.numel(), dtype=torch.bool, device=scores.device)
+        rank_pos = pessimistic_ranks(anchor_scores[None], everyone)[0]
+        neg_cols = negative[0].nonzero()[:, 0]
+        items, mask = scores[:, neg_cols], None
+    else:
+        rank_pos = pessimistic_ranks(scores, positive)[rows, cols]
+        items, mask = scores, negative
+    rank_pos = rank_pos.to(dtype)
+    num_items = items.shape[1]
+    chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, num_items))
+    ap = scores.new_zeros(num_rows)
+    grad_items = torch.zeros_like(items) if with_grad else None
+    grad_anchor = scores.new_zeros(rows.numel()) if with_grad else None
+    for start in range(0, rows.numel(), chunk):
+        part = slice(start, min(start + chunk, rows.numel()))
+        r = rows[part]
+        block = items.expand(r.numel(), num_items) if mask is None else items[r]
+        value, deriv = h_minus(block - anchor_scores[part, None], *params)
+        if mask is not None:
+            outside = ~mask[r]
+            value.masked_fill_(outside, 0.0)
+            deriv.masked_fill_(outside, 0.0)
+        rank_all = rank_pos[part] + value.sum(1)
+        ap.index_add_(0, r, weight[part] * rank_pos[part] / rank_all)
+        if not with_grad:
+            continue
+        coef = -weight[part] * rank_pos[part] / rank_all.square()  # ∂AP/∂rk⁻ per anchor
+        grad_anchor[part] = -coef * deriv.sum(1)
+        if mask is None:
+            grad_items[0] += coef @ deriv
+        else:
+            grad_items.index_add_(0, r, deriv.mul_(coef[:, None]))
+    if not with_grad:
+        return ap, None
+    if mask is None:
+        grad = torch.zeros_like(scores)
+        grad[0, neg_cols] = grad_items[0]
+    else:
+        grad = grad_items
+    grad.index_put_((rows, cols), grad_anchor, accumulate=True)
+    return ap, grad
+
+
+class _SupAP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, negative, params, chunk_size):  # type: ignore[override]
+        with_grad = ctx.needs_input_grad[0]
+        ap, grad = _supap_sweep(scores.detach(), positive, negative, params, chunk_size, with_grad)
+        if with_grad:
+            ctx.save_for_backward(grad)
+        return ap
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype).unsqueeze(1), None, None, None, None
+
+
+def supap(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    valid: torch.Tensor,
+    temperature: float = 0.01,
+    rho: float = 100.0,
+    offset: float = 1.44,
+    margin: float = 0.05,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """SupAP of every row of ``scores``, each row one list.
+
+    Args:
+        scores: (R, D) float scores.
+        positive: (R, D) bool relevant items, each row with ≥ 1 (and ⊆ ``valid``).
+        valid: (R, D) bool, the items of each row's list.
+        temperature: τ > 0 of the sigmoid part of H⁻.
+        rho: ρ ≥ 0, slope of H⁻ above the margin.
+        offset: H⁻'s value at the start of the linear part (≥ 1 keeps the upper bound).
+        margin: δ ≥ 0, width of the band (0, δ] where H⁻ = 1/2 + σ(t/τ).
+        chunk_size: positives per chunk; None keeps a chunk × D block near 2^22 elements.
+
+    Returns:
+        (R,) SupAP per row, differentiable w.r.t. ``scores`` (first order).
+    """
+    params = (
+        check_temperature(temperature),
+        check_positive_finite("rho", rho, allow_zero=True),
+        float(offset),
+        check_positive_finite("margin", margin, allow_zero=True),
+    )
+    if not math.isfinite(params[2]):
+        raise ValueError(f"offset must be finite, got {offset}")
+    negative = valid & ~positive
+    return _SupAP.apply(scores, positive, negative, params, check_chunk_size(chunk_size))
+
+
+@register_loss("supap")
+class SupAPLoss(APSurrogateLoss):
+    """Per-query SupAP (ROADMAP's AP term): ``1 − mean_{rows with a positive} SupAP(row)``.
+
+    Args:
+        temperature: τ > 0 of the sigmoid part (default 0.01).
+        rho: ρ ≥ 0, slope above the margin (default 100).
+        offset: value where the linear part starts (default 1.44).
+        margin: δ ≥ 0 of the band (0, δ] (default 0.05).
+        neg_drop: α in [0, 1), per-row negative dropping.
+        symmetric: also rank the columns and average both directions.
+        chunk_size: positives per chunk; None = automatic.
+
+    Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss. Extra memory a few
+    chunk × D blocks + O(Q · D); time O(P · D), P the valid positive pairs.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.01,
+        rho: float = 100.0,
+        offset: float = 1.44,
+        margin: float = 0.05,
+        neg_drop: float = 0.0,
+        symmetric: bool = False,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__(neg_drop=neg_drop, symmetric=symmetric)
+        self.temperature = check_temperature(temperature)
+        self.rho = check_positive_finite("rho", rho, allow_zero=True)
+        self.offset = float(offset)
+        if not math.isfinite(self.offset):
+            raise ValueError(f"offset must be finite, got {offset}")
+        self.margin = check_positive_finite("margin", margin, allow_zero=True)
+        self.chunk_size = check_chunk_size(chunk_size)
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature}, rho={self.rho}, offset={self.offset}, "
+            f"margin={self.margin}, neg_drop={self.neg_drop}"
+            + ("" if self.global_ranking else f", symmetric={self.symmetric}")
+        )
+
+    def list_ap(
+        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        return supap(
+            scores,
+            positive,
+            valid,
+            self.temperature,
+            self.rho,
+            self.offset,
+            self.margin,
+            self.chunk_size,
+        )
+
+
+@register_loss("gsupap")
+class GlobalSupAPLoss(SupAPLoss):
+    """Global SupAP over the flattened valid pairs as one list.
+
+    Peak extra memory a few chunk × M blocks (M valid pairs; one positive per
+    chunk by default at M ≥ 2^22) + O(M): no P × M matrix. Time O(P · M).
+
+    Args:
+        temperature, rho, offset, margin: as :class:`SupAPLoss`.
+        neg_drop: α in [0, 1), dropping over the flattened list.
+        chunk_size: positives per chunk; None = automatic.
+    """
+
+    global_ranking = True
+
+    def __init__(
+        self,
+        temperature: float = 0.01,
+        rho: float = 100.0,
+        offset: float = 1.44,
+        margin: float = 0.05,
+        neg_drop: float = 0.0,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__(
+            temperature=temperature,
+            rho=rho,
+            offset=offset,
+            margin=margin,
+            neg_drop=neg_drop,
+            chunk_size=chunk_size,
+        )
