@@ -57,6 +57,14 @@ def _coarse_bound_q(offset_q: float, order: int, fine_offset_q: float, fine_orde
     return coarse_bound(offset_q, order, fine_offset_q, fine_order)
 
 
+class PlanError(ValueError):
+    """No grid within ``MAX_FINE_CELLS`` cells / the Taylor orders reaches the tolerance.
+
+    Raised before any work is done (tiny τ against a wide score window, or scores
+    scaled far beyond cosine range); ``impl="auto"`` callers fall back to the exact sweep.
+    """
+
+
 @dataclass(frozen=True)
 class GridPlan:
     """Grid geometry and expansion orders for one call.
@@ -147,7 +155,7 @@ def plan_grid(
                 ((num_fine + 2) * row_bytes, fine_order, refine, num_fine, fine_offset)
             )
     if not candidates:
-        raise ValueError(
+        raise PlanError(
             f"fast smoothed AP cannot reach tolerance {tolerance:g} at temperature {tau:g} over a "
             f"score window of width {window_hi - window_lo:g} within {MAX_FINE_CELLS} grid cells; "
             "use the exact implementation or a larger tolerance"
@@ -164,7 +172,10 @@ def plan_grid(
         if err <= tolerance / 16.0:
             break
     else:
-        raise ValueError(f"fast smoothed AP cannot reach tolerance {tolerance:g}")
+        raise PlanError(
+            f"fast smoothed AP cannot reach tolerance {tolerance:g} with Taylor orders up to "
+            f"{COARSE_ORDERS[-1]}; use the exact implementation or a larger tolerance"
+        )
     h_fine = h_coarse / 2**refine
     # float32 binning is exact when every fine-cell centre is a float32 (|centre| < 2^23 h_f).
     extent = max(abs(lo), abs(lo + num_coarse * h_coarse)) + h_coarse

@@ -50,6 +50,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         ]  # fmt: skip
         getattr(lib, f"rl_gap_fast_moments_{suffix}").restype = None
         getattr(lib, f"rl_gap_fast_evaluate_{suffix}").restype = None
+        getattr(lib, f"rl_gap_fast_drop_{suffix}").argtypes = [
+            p, p, p, i64, ctypes.c_double, p, i32
+        ]  # fmt: skip
+        getattr(lib, f"rl_gap_fast_drop_{suffix}").restype = i64
 
 
 _LIBRARY = NativeLibrary(
@@ -161,3 +165,43 @@ def evaluate(
     _pass(lib, "evaluate", scores, valid, grid)(
         order, width, packed.data_ptr(), out.data_ptr(), max(1, torch.get_num_threads())
     )
+
+
+def drop_mask(
+    scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor | None, rate: float
+) -> torch.Tensor | None:
+    """Keep mask without the ``floor(rate · N)`` lowest negatives, or None if unusable.
+
+    Args:
+        scores: (M,) contiguous CPU float32/float64 scores (finite).
+        positive: (M,) contiguous bool; valid: optional (M,) contiguous bool.
+        rate: α in [0, 1).
+
+    Returns:
+        (M,) bool keep mask (``valid`` itself, or all True, when nothing is dropped).
+    """
+    if (
+        scores.device.type != "cpu"
+        or scores.dtype not in (torch.float32, torch.float64)
+        or not scores.is_contiguous()
+        or not positive.is_contiguous()
+        or (valid is not None and not valid.is_contiguous())
+    ):
+        return None
+    lib = native_library()
+    if lib is None:
+        return None
+    keep = torch.empty_like(positive)
+    suffix = "f32" if scores.dtype == torch.float32 else "f64"
+    dropped = getattr(lib, f"rl_gap_fast_drop_{suffix}")(
+        scores.data_ptr(),
+        positive.data_ptr(),
+        None if valid is None else valid.data_ptr(),
+        scores.numel(),
+        float(rate),
+        keep.data_ptr(),
+        max(1, torch.get_num_threads()),
+    )
+    if dropped == 0:
+        return torch.ones_like(positive) if valid is None else valid
+    return keep

@@ -38,10 +38,11 @@ import math
 
 import torch
 
-from rl_gap.losses import fast_binning, fast_native
+from rl_gap.losses import fast_binning, fast_drop, fast_native
 from rl_gap.losses.fast_binning import evaluate_fine, fine_moments
 from rl_gap.losses.fast_grid import (
     GridPlan,
+    PlanError,
     coarse_moments,
     coarse_position,
     correlate_band,
@@ -51,6 +52,8 @@ from rl_gap.losses.fast_grid import (
     query_powers,
     taylor_to_fine,
 )
+
+__all__ = ["PlanError", "prefer_fast", "smoothed_ap_fast"]
 
 # impl="auto": the exact sweep costs ~P × M sigmoid evaluations; the fast kernel
 # two passes over M plus O(G log G) grid work, G ~ score window / τ cells. On
@@ -114,8 +117,11 @@ def _positive_indices(positive: torch.Tensor, valid: torch.Tensor | None) -> tor
 
 class _SmoothedAPFast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores, positive, valid, temperature, tolerance):  # type: ignore[override]
+    def forward(ctx, scores, positive, valid, temperature, tolerance, neg_drop):  # type: ignore[override]
         work = scores.detach()
+        if neg_drop > 0:
+            # Dropped negatives become invalid items: out of every sum, zero gradient.
+            valid = fast_drop.drop_mask(work, positive, valid, neg_drop)
         pos_index = _positive_indices(positive, valid)
         if pos_index.numel() == 0:
             raise ValueError("smoothed AP needs at least one (valid) positive item")
@@ -168,7 +174,7 @@ class _SmoothedAPFast(torch.autograd.Function):
         # Invalid items are binned into the empty sink row: their gradient is 0.
         evaluate_fine(work, plan, fine_table, grad, ctx.valid)
         grad[pos_index] = (pos_grad * scale).to(grad.dtype)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def smoothed_ap_fast(
@@ -178,6 +184,7 @@ def smoothed_ap_fast(
     *,
     tolerance: float = 1e-8,
     valid: torch.Tensor | None = None,
+    neg_drop: float = 0.0,
 ) -> torch.Tensor:
     """Smoothed AP of one flat ranked list in O(M) time and memory (no P × M work, no sort).
 
@@ -192,6 +199,14 @@ def smoothed_ap_fast(
         valid: optional (M,) bool; False items are left out of the list (and
             get zero gradient). Passing a flat view of the whole matrix with its
             ``valid`` mask avoids materialising ``sim[valid]`` (an M-sized copy).
+        neg_drop: α in [0, 1): drop the ``floor(α · N)`` lowest-scoring valid
+            negatives first (ties: lower flat index first), the set
+            ``rl_gap.losses.common.drop_lowest_negatives`` drops from ``scores[valid]``;
+            found by a threshold (``fast_drop``), not a sort. Dropped items get zero gradient.
+
+    Raises:
+        PlanError (a ValueError): no grid reaches ``tolerance`` (e.g. τ = 1e-6 over
+            cosine scores, or scores far outside [-1, 1] at τ = 0.01); nothing was computed.
 
     Returns:
         0-d smoothed AP (float64 for float64 scores, else float32),
@@ -214,12 +229,16 @@ def smoothed_ap_fast(
         raise ValueError(f"positive must be a bool tensor, got {positive.dtype}")
     if not temperature > 0 or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-    if not 1e-13 <= tolerance < 1:
+    if not 1e-13 <= tolerance < 1:  # also rejects NaN
         raise ValueError(f"tolerance must be in [1e-13, 1), got {tolerance}")
+    if not 0.0 <= neg_drop < 1.0:
+        raise ValueError(f"neg_drop must be in [0, 1), got {neg_drop}")
     if valid is not None:
         if not isinstance(valid, torch.Tensor) or valid.shape != scores.shape:
             raise ValueError(f"valid must be a bool tensor of shape {tuple(scores.shape)}")
         if valid.dtype != torch.bool:
             raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
     # The "no valid positive" check happens in the forward, on the selected indices.
-    return _SmoothedAPFast.apply(scores, positive, valid, float(temperature), float(tolerance))
+    return _SmoothedAPFast.apply(
+        scores, positive, valid, float(temperature), float(tolerance), float(neg_drop)
+    )

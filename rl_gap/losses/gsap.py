@@ -9,6 +9,7 @@ makes similarities comparable across queries.
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -20,12 +21,15 @@ from rl_gap.losses.common import (
     check_temperature,
     compute_dtype,
     drop_lowest_negatives,
+    num_dropped,
     zero_loss,
 )
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
 IMPLS = ("auto", "exact", "fast")
+# Below this the float64 sums of the fast kernel cannot certify the bound.
+MIN_TOLERANCE = 1e-13
 FAST_MODULE = "rl_gap.losses.fast_rank"
 
 
@@ -48,6 +52,20 @@ def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
     return getattr(_fast_module(), "smoothed_ap_fast", None)
 
 
+def check_tolerance(tolerance: float) -> float:
+    """The fast kernel's accuracy target: a number in [1e-13, 1) (NaN, <= 0 rejected)."""
+    try:
+        value = float(tolerance)
+    except (TypeError, ValueError):
+        raise ValueError(f"gsap tolerance must be a number, got {tolerance!r}") from None
+    if not MIN_TOLERANCE <= value < 1.0:  # False for NaN
+        raise ValueError(
+            f"gsap tolerance must be in [{MIN_TOLERANCE:g}, 1) (the bound on |SAP_fast - "
+            f"SAP_exact|), got {tolerance!r}"
+        )
+    return value
+
+
 @register_loss("gsap")
 class GlobalSmoothAPLoss(nn.Module):
     """gSAP loss: ``1 − SAP`` over the flattened valid pairs of ``sim``.
@@ -57,13 +75,18 @@ class GlobalSmoothAPLoss(nn.Module):
         neg_drop: α in [0, 1); the ``floor(α · N)`` lowest-similarity negatives
             of the flattened list are dropped before ranking (no gradient
             through the selection; positives always kept; ties broken by
-            row-major flat position, lower first).
+            row-major flat position, lower first). The fast kernel selects the
+            same set by a score threshold (``rl_gap.losses.fast_drop``), no sort.
         impl: ``"exact"`` (chunked P × M sweep), ``"fast"`` (the sub-quadratic
-            kernel in ``rl_gap.losses.fast_rank``) or ``"auto"`` (fast when
-            ``fast_rank.prefer_fast(P, M, τ)`` says it beats the sweep).
+            kernel in ``rl_gap.losses.fast_rank``; raises ``PlanError`` when no grid
+            reaches ``tolerance``) or ``"auto"`` (fast when
+            ``fast_rank.prefer_fast(P, M_kept, τ)`` says it beats the sweep and a grid
+            reaches the tolerance, else the exact sweep, with one warning; never raises
+            for a valid batch).
         chunk_size: positives per chunk of the exact sweep (peak extra memory
             one chunk_size × M block); None = automatic (~2^24-element blocks).
-        tolerance: accuracy target passed to the fast kernel. 1e-8 rather than 1e-7:
+        tolerance: accuracy target passed to the fast kernel, in [1e-13, 1) (checked
+            here: 0, negative and NaN values are rejected). 1e-8 rather than 1e-7:
             on tight clusters at τ = 1e-4 a positive's own gradient is a difference of
             near-equal sums, and 1e-7 left it 2.5e-3 off (1e-8: 5e-5, at the same cost).
 
@@ -93,10 +116,21 @@ class GlobalSmoothAPLoss(nn.Module):
             raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size}")
         self.impl = impl
         self.chunk_size = None if chunk_size is None else int(chunk_size)
-        self.tolerance = float(tolerance)
+        self.tolerance = check_tolerance(tolerance)
+        self._warned_fallback = False
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, neg_drop={self.neg_drop}, impl={self.impl!r}"
+
+    def _warn_fallback(self, error: Exception) -> None:
+        """impl="auto" found no fast plan for this batch: say once that the exact sweep runs."""
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            warnings.warn(
+                f"gsap impl='auto': the fast kernel has no plan for this batch ({error}); "
+                "using the exact P x M sweep instead (slower, same result)",
+                stacklevel=3,
+            )
 
     def select_impl(self, num_pos: int, num_items: int) -> str:
         """Which kernel ranks a list with ``num_pos`` positives among ``num_items`` items."""
@@ -115,20 +149,29 @@ class GlobalSmoothAPLoss(nn.Module):
         num_pos = int(torch.count_nonzero(rel & valid))
         if num_pos == 0:
             return zero_loss(sim, self, "batch has no valid positive pair")
-        if self.neg_drop == 0:
-            impl = self.impl
-            if impl == "auto":
-                impl = self.select_impl(num_pos, int(torch.count_nonzero(valid)))
-            if impl == "fast":
-                # The fast kernel skips invalid items itself: no (M,) copy of sim[valid].
-                sap = load_fast_kernel()(
+        impl = self.impl
+        if impl == "auto":
+            num_valid = int(torch.count_nonzero(valid))
+            num_kept = num_valid - num_dropped(num_valid - num_pos, self.neg_drop)
+            impl = self.select_impl(num_pos, num_kept)
+        if impl == "fast":
+            fast_rank = _fast_module()
+            # The fast kernel skips invalid (and dropped) items itself: no (M,) copy of sim[valid].
+            extra = {"neg_drop": self.neg_drop} if self.neg_drop > 0 else {}
+            try:
+                sap = fast_rank.smoothed_ap_fast(
                     sim.reshape(-1),
                     rel.reshape(-1),
                     self.temperature,
                     tolerance=self.tolerance,
                     valid=valid.reshape(-1),
+                    **extra,
                 )
                 return 1.0 - sap
+            except getattr(fast_rank, "PlanError", ()) as error:
+                if self.impl == "fast":
+                    raise
+                self._warn_fallback(error)
         scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
         positive = rel[valid]
         if self.neg_drop > 0:
@@ -139,9 +182,5 @@ class GlobalSmoothAPLoss(nn.Module):
                 self.neg_drop,
             )[0]
             scores, positive = scores[keep], positive[keep]
-            impl = self.select_impl(num_pos, scores.numel())
-        if impl == "fast":
-            sap = load_fast_kernel()(scores, positive, self.temperature, tolerance=self.tolerance)
-        else:
-            sap = smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
+        sap = smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
         return 1.0 - sap
