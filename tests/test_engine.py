@@ -43,24 +43,38 @@ def _same(a: dict, b: dict) -> list[str]:
     return bad
 
 
+# Positive blocks are kept between the engine's two passes within ``cache_bytes``;
+# beyond it they are recomputed and their positives masked again: 0 recomputes
+# every block, 1500 keeps a few small blocks, the default keeps all.
+CACHE_BYTES = [0, 1500, 512 << 20]
+
+
+@pytest.mark.parametrize("cache_bytes", CACHE_BYTES)
 @pytest.mark.parametrize("block", [(5, 7), 16, (64, 9), 4096])
-def test_leave_one_out_equals_materialised(block):
+def test_leave_one_out_equals_materialised(block, cache_bytes):
     x = _dyadic(90, 6, 0)
     labels = torch.randint(0, 25, (90,), generator=torch.Generator().manual_seed(1))
     scores = x @ x.T
     rel = labels[:, None] == labels[None]
     valid = ~torch.eye(90, dtype=torch.bool)
     ref = evaluate_scores(scores, rel, valid, map_at=(3,))
-    out = evaluate_embeddings(
-        x, x, labels, labels, exclude_self=True, block_size=block, map_at=(3,)
-    )
-    assert not _same(out, ref)
+    for database in (x, x.clone()):  # one embedding set (symmetric path) and two
+        out = evaluate_embeddings(
+            x, database, labels, labels, exclude_self=True, block_size=block, map_at=(3,),
+            cache_bytes=cache_bytes,
+        )  # fmt: skip
+        assert not _same(out, ref)
+        m = valid.numpy()
+        assert out["gap"] == pytest.approx(
+            average_precision_score(rel.numpy()[m], scores.numpy()[m]), abs=1e-12
+        )
     # Singleton classes are distractor queries in leave-one-out.
     assert out["num_distractor_queries"] == float(((rel & valid).sum(1) == 0).sum())
 
 
+@pytest.mark.parametrize("cache_bytes", CACHE_BYTES)
 @pytest.mark.parametrize("block", [(3, 11), 32, 1000])
-def test_separate_sets_with_distractor_queries(block):
+def test_separate_sets_with_distractor_queries(block, cache_bytes):
     g = torch.Generator().manual_seed(2)
     q, d = _dyadic(40, 5, 3), _dyadic(70, 5, 4)
     ql = torch.randint(0, 30, (40,), generator=g)
@@ -68,8 +82,14 @@ def test_separate_sets_with_distractor_queries(block):
     ref = evaluate_scores(
         q @ d.T, ql[:, None] == dl[None], query_labels=ql, database_labels=dl, bootstrap=50
     )
-    out = evaluate_embeddings(q, d, ql, dl, block_size=block, protocol=True, bootstrap=50)
+    out = evaluate_embeddings(
+        q, d, ql, dl, block_size=block, protocol=True, bootstrap=50, cache_bytes=cache_bytes
+    )
     assert not _same(out, ref)
+    rel = (ql[:, None] == dl[None]).numpy().ravel()
+    assert out["gap"] == pytest.approx(
+        average_precision_score(rel, (q @ d.T).numpy().ravel()), abs=1e-12
+    )
     assert out["num_distractor_queries"] > 0
     assert out["gap_no_distractors"] > out["gap"]
     # Distractor queries do not change mAP / R@k.

@@ -44,8 +44,9 @@ def _close(x: float, y) -> bool:
     return (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, abs=1e-12)
 
 
+@pytest.mark.parametrize("cache_bytes", [0, 1000, 512 << 20])  # recomputed / some / all kept
 @pytest.mark.parametrize("block", [(3, 7), 8, (16, 5), 4096])
-def test_query_subset_equals_functional_metrics(block):
+def test_query_subset_equals_functional_metrics(block, cache_bytes):
     database, labels, query_index, scores, rel, valid = _subset_problem()
     # Self pairs are the top score of a query's row only sometimes: make sure
     # ties with the self score exist so that masking (not ordering) is tested.
@@ -53,6 +54,7 @@ def test_query_subset_equals_functional_metrics(block):
     out = evaluate_embeddings(
         database[query_index], database, labels[query_index], labels,
         query_index=query_index, block_size=block, ks=(1, 5), map_at=(4,), ceiling=False,
+        cache_bytes=cache_bytes,
     )  # fmt: skip
     assert _close(out["gap"], global_ap(scores, rel, valid))
     assert _close(out["map"], mean_ap(scores, rel, valid))
