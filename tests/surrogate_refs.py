@@ -10,9 +10,6 @@ Independent of rl_gap's kernels, written from the definitions:
   formula ``−(r̃(s) − r̃(s + λ·∂L/∂r̃)) / λ`` with loop-counted ranks.
 Negative dropping: per list, drop the floor(α·N) lowest negatives, ties by
 position (the rule of ``rl_gap/losses/common.py``).
-
-``SURROGATE_REFERENCES`` / ``SURROGATE_CONFIGS`` plug these losses into the
-float32-under-autocast harness of ``tests/test_autocast.py``.
 """
 
 from __future__ import annotations
@@ -194,72 +191,3 @@ def brute_supap(scores: torch.Tensor, pos: list[bool], tau, rho, offset, margin)
     rank_pos = 1 + (step * (pos_t[None] & not_self)).sum(1)
     rank = rank_pos + (smooth * ~pos_t[None]).sum(1)
     return (rank_pos / rank)[pos_t].mean()
-
-
-class _BlackBoxReference(torch.autograd.Function):
-    """The reference BlackBox loss as a function of ``sim``; backward = the defining formula."""
-
-    @staticmethod
-    def forward(ctx, sim, rel, valid, per_query, lam, margin, alpha):  # type: ignore[override]
-        ctx.args = (sim.detach(), rel, valid, per_query, lam, margin, alpha)
-        value, _ = blackbox_reference(sim.detach(), rel, valid, per_query, lam, margin, alpha)
-        return sim.new_tensor(value)
-
-    @staticmethod
-    def backward(ctx, grad_output):  # type: ignore[override]
-        sim, rel, valid, per_query, lam, margin, alpha = ctx.args
-        _, grad = blackbox_reference(
-            sim, rel, valid, per_query, lam, margin, alpha, scale=float(grad_output)
-        )
-        return grad, None, None, None, None, None, None
-
-
-def _softbin_ref(per_query):
-    def ref(
-        sim, rel, valid, num_bins=10, sim_range=(-1.0, 1.0), neg_drop=0.0, symmetric=False, **_
-    ):
-        def list_ap(s, p):
-            return brute_softbin_ap(s, p, num_bins, *sim_range)
-
-        return mean_list_loss(sim, rel, valid, per_query, list_ap, neg_drop, symmetric)
-
-    return ref
-
-
-def _supap_ref(per_query):
-    def ref(
-        sim, rel, valid, temperature=0.01, rho=100.0, offset=1.44, margin=0.05, neg_drop=0.0,
-        symmetric=False, **_,
-    ):  # fmt: skip
-        def list_ap(s, p):
-            return brute_supap(s, p, temperature, rho, offset, margin)
-
-        return mean_list_loss(sim, rel, valid, per_query, list_ap, neg_drop, symmetric)
-
-    return ref
-
-
-def _blackbox_ref(per_query):
-    def ref(sim, rel, valid, lambda_val=4.0, margin=0.02, neg_drop=0.0, **_):
-        return _BlackBoxReference.apply(sim, rel, valid, per_query, lambda_val, margin, neg_drop)
-
-    return ref
-
-
-SURROGATE_REFERENCES = {
-    "softbin": _softbin_ref(True),
-    "gsoftbin": _softbin_ref(False),
-    "blackbox": _blackbox_ref(True),
-    "gblackbox": _blackbox_ref(False),
-    "supap": _supap_ref(True),
-    "gsupap": _supap_ref(False),
-}
-
-SURROGATE_CONFIGS = [
-    {"name": "softbin"},
-    {"name": "gsoftbin", "num_bins": 20, "neg_drop": 0.5},
-    {"name": "blackbox"},
-    {"name": "gblackbox", "neg_drop": 0.5},
-    {"name": "supap", "temperature": 0.05},
-    {"name": "gsupap", "temperature": 0.05, "neg_drop": 0.5},
-]
