@@ -25,7 +25,14 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from rl_gap.metrics.functional.suite import evaluate_embeddings
+from rl_gap.metrics.functional.arguments import (
+    check_block_size,
+    check_k,
+    check_precision,
+    precision_tag,
+)
+from rl_gap.metrics.functional.engine_inputs import check_labels
+from rl_gap.metrics.functional.suite import check_suite_arguments, evaluate_embeddings
 
 __all__ = [
     "RetrievalMetrics",
@@ -72,9 +79,12 @@ class RetrievalMetrics(Metric):
     ) -> None:
         super().__init__(**kwargs)
         self.leave_one_out = leave_one_out
-        self.ks, self.precisions, self.map_at = tuple(ks), tuple(precisions), tuple(map_at)
-        self.protocol, self.ceiling, self.bootstrap = protocol, ceiling, bootstrap
-        self.normalize, self.block_size = normalize, block_size
+        # checked at construction, not when compute() runs after training
+        self.ks, self.precisions, self.map_at, self.bootstrap = check_suite_arguments(
+            ks, precisions, map_at, bootstrap
+        )
+        self.protocol, self.ceiling = protocol, ceiling
+        self.normalize, self.block_size = normalize, check_block_size(block_size)
         self.add_state("query_embeddings", default=[], dist_reduce_fx="cat")
         self.add_state("query_labels", default=[], dist_reduce_fx="cat")
         self.add_state("database_embeddings", default=[], dist_reduce_fx="cat")
@@ -93,7 +103,8 @@ class RetrievalMetrics(Metric):
         embeddings = embeddings.detach()
         if self.normalize:
             embeddings = torch.nn.functional.normalize(embeddings.float(), dim=1)
-        labels = labels.detach().long()
+        # integer-valued floats are accepted, 0.5 is refused (never truncated to 0)
+        labels = check_labels(labels.detach(), embeddings.shape[0], "labels")
         if self.leave_one_out:
             if is_query is not None:
                 raise ValueError("is_query is only for leave_one_out=False")
@@ -164,6 +175,7 @@ class MeanAP(_SingleRetrievalMetric):
     """mAP (``k=None``) or mAP@k over queries with a positive."""
 
     def __init__(self, leave_one_out: bool = True, k: int | None = None, **kwargs) -> None:
+        k = None if k is None else check_k(k)
         super().__init__(
             leave_one_out, ks=(), precisions=(), map_at=() if k is None else (k,), **kwargs
         )
@@ -174,6 +186,7 @@ class RecallAtK(_SingleRetrievalMetric):
     """R@k: share of queries with a positive among the top k."""
 
     def __init__(self, leave_one_out: bool = True, k: int = 1, **kwargs) -> None:
+        k = check_k(k)
         super().__init__(leave_one_out, ks=(k,), precisions=(), **kwargs)
         self.key = f"r@{k}"
 
@@ -182,8 +195,9 @@ class RecallAtPrecision(_SingleRetrievalMetric):
     """Largest recall at a global threshold with precision >= ``precision``."""
 
     def __init__(self, leave_one_out: bool = True, precision: float = 0.9, **kwargs) -> None:
+        precision = check_precision(precision)
         super().__init__(leave_one_out, ks=(), precisions=(precision,), **kwargs)
-        self.key = f"r@p{round(precision * 100)}"
+        self.key = f"r@p{precision_tag(precision)}"
 
 
 class ThresholdProtocol(RetrievalMetrics):
@@ -192,8 +206,9 @@ class ThresholdProtocol(RetrievalMetrics):
     on the other half."""
 
     def __init__(self, leave_one_out: bool = True, precision: float = 0.9, **kwargs) -> None:
+        precision = check_precision(precision)
         super().__init__(leave_one_out, ks=(), precisions=(precision,), protocol=True, **kwargs)
-        self._tag = f"r@p{round(precision * 100)}"
+        self._tag = f"r@p{precision_tag(precision)}"
 
     def compute(self) -> dict[str, Tensor]:  # type: ignore[override]
         suite = self._suite()

@@ -54,7 +54,11 @@ def check_labels(labels: Tensor, count: int, name: str) -> Tensor:
         raise ValueError(f"{name} has length {labels.shape[0]}, expected {count} (one per row)")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool:
         if labels.dtype.is_floating_point and not bool((labels == labels.round()).all()):
-            raise ValueError(f"{name} must be integer class ids, got dtype {labels.dtype}")
+            bad = labels[labels != labels.round()][0].item()
+            raise ValueError(
+                f"{name} must be integer class ids, got dtype {labels.dtype} with non-integer "
+                f"values (e.g. {bad}); they are never truncated"
+            )
     return labels.long()
 
 
