@@ -128,9 +128,8 @@ def test_missing_image_file_is_named(tmp_path):
     _make_sop(tmp_path)
     (tmp_path / "bicycle_final/1_0.JPG").unlink()
     dm = SOPDataModule(str(tmp_path), num_workers=0, image_size=8)
-    dm.setup("fit")
     with pytest.raises(FileNotFoundError, match="1_0.JPG"):
-        dm.datasets["train"][0]
+        dm.setup("fit")  # found at setup (check_files), not mid-epoch
 
 
 def test_mnist_demo_is_class_disjoint_and_real():

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -19,6 +21,10 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+
+from rl_gap.data.ml_layouts import open_rgb
+
+logger = logging.getLogger(__name__)
 
 ImageItem = str | os.PathLike | Image.Image | torch.Tensor
 Transform = Callable[[Any], torch.Tensor]
@@ -34,12 +40,26 @@ def load_image(item: ImageItem, transform: Transform | None) -> torch.Tensor:
         path = Path(item)
         if not path.is_file():
             raise FileNotFoundError(f"image file not found: {path}")
-        with Image.open(path) as img:
-            item = img.convert("RGB")
+        item = open_rgb(path)  # a corrupt/truncated file: OSError naming the path
     out = transform(item) if transform is not None else item
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"the image transform must return a tensor, got {type(out).__name__}")
     return out
+
+
+def decode_image_bytes(data: bytes, where: str) -> Image.Image:
+    """Encoded image bytes (a WebDataset member) -> RGB image; errors name ``where``."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as error:
+        raise ValueError(f"corrupt or truncated image {where}: {error}") from error
+
+
+def skip_corrupt_sample(error: Exception) -> bool:
+    """WebDataset error handler: log the bad sample (shard and key in the message) and go on."""
+    logger.warning("WebDataset: skipping a sample: %s", error)
+    return True
 
 
 def stable_group_id(key: str) -> int:
@@ -207,9 +227,11 @@ def webdataset_pairs(
     batches_per_worker = math.ceil(num_samples / (world_size * batch_size * workers))
     samples_per_worker = batches_per_worker * batch_size
 
-    def to_sample(item: tuple[Image.Image, str, str]) -> dict[str, Any]:
-        image, caption, key = item
-        return {"image": transform(image), "text": caption, "group": stable_group_id(key)}
+    def to_sample(item: tuple[bytes, bytes, str, str]) -> dict[str, Any]:
+        data, caption, key, url = item
+        image = decode_image_bytes(data, f"{key!r} in {url}")
+        text = caption.decode("utf-8") if isinstance(caption, bytes) else str(caption)
+        return {"image": transform(image), "text": text, "group": stable_group_id(key)}
 
     pipeline = wds.WebDataset(
         urls,
@@ -218,13 +240,17 @@ def webdataset_pairs(
         nodesplitter=wds.split_by_node if not resampled else None,
         seed=seed,
         empty_check=False,
+        handler=skip_corrupt_sample,  # an unreadable shard member is logged and skipped
     )
     if shuffle_buffer > 0:
         pipeline = pipeline.shuffle(shuffle_buffer)
     pipeline = (
-        pipeline.decode("pilrgb")
-        .to_tuple("jpg;jpeg;png;webp", "txt", "__key__")
-        .map(to_sample)
+        # Decoded in to_sample, so a corrupt image is logged with its shard and key, then
+        # skipped (skip_corrupt_sample) instead of ending the epoch.
+        pipeline.to_tuple(
+            "jpg;jpeg;png;webp", "txt", "__key__", "__url__", handler=skip_corrupt_sample
+        )
+        .map(to_sample, handler=skip_corrupt_sample)
         .with_epoch(samples_per_worker)  # cycles the worker's shards, cut at this count
         .with_length(samples_per_worker * workers)
     )

@@ -36,22 +36,33 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class ImageListDataset(Dataset):
     """Images read from files with PIL (RGB); returns ``(transform(image), label, index)``."""
 
-    def __init__(self, items: ImageList, transform: Callable[[Any], torch.Tensor]) -> None:
+    def __init__(
+        self, items: ImageList, transform: Callable[[Any], torch.Tensor], check_files: bool = True
+    ) -> None:
         self.paths = list(items.paths)
         self.labels = torch.as_tensor(items.labels, dtype=torch.long)
         self.transform = transform
+        if check_files:  # found at setup, not mid-epoch (one os.path.exists per file)
+            from rl_gap.data.ml_layouts import missing_files
+
+            missing = missing_files(self.paths)
+            if missing:
+                raise FileNotFoundError(
+                    f"{len(missing)} of {len(self.paths)} images listed in the dataset are "
+                    f"missing: {', '.join(map(str, missing[:5]))}"
+                    f"{' ...' if len(missing) > 5 else ''} (check_files=false skips this check)"
+                )
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
-        from PIL import Image
+        from rl_gap.data.ml_layouts import open_rgb
 
         path = self.paths[index]
         if not path.is_file():
             raise FileNotFoundError(f"image listed in the dataset is missing: {path}")
-        with Image.open(path) as image:
-            x = self.transform(image.convert("RGB"))
+        x = self.transform(open_rgb(path))  # a corrupt/truncated file: OSError naming it
         return x, int(self.labels[index]), index
 
 
@@ -113,6 +124,8 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         num_workers: DataLoader workers per rank.
         image_size: square crop size fed to the backbone.
         augment: random-resized crop + flip during training.
+        check_files: check at setup that every listed image file exists (fast
+            ``os.path.exists`` pass; false skips it on huge sets).
         val_split: fraction of *training classes* held out for validation
             (class-disjoint, the paper's 70/30 tuning split); 0 validates on the test split.
         queries_per_class: evaluate with k queries per class against the whole
@@ -129,6 +142,7 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         num_workers: int = 4,
         image_size: int = 224,
         augment: bool = True,
+        check_files: bool = True,
         val_split: float = 0.0,
         queries_per_class: int | None = None,
         batches_per_epoch: int | None = None,
@@ -147,6 +161,7 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         self.queries_per_class = queries_per_class
         self.batches_per_epoch = batches_per_epoch
         self.seed = seed
+        self.check_files = check_files
         self.datasets: dict[str, Dataset] = {}
 
     # ------------------------------------------------------------- subclasses
@@ -155,7 +170,8 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         """Dataset of ``split`` ("train"/"test") with a ``labels`` (N,) tensor attribute."""
 
     def image_list_dataset(self, items: ImageList, train: bool) -> ImageListDataset:
-        return ImageListDataset(items, image_transform(self.image_size, train, self.augment))
+        transform = image_transform(self.image_size, train, self.augment)
+        return ImageListDataset(items, transform, check_files=self.check_files)
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str | None = None) -> None:

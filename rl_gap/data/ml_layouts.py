@@ -9,6 +9,7 @@ splits follow the literature (Song et al. 2016 for SOP and CUB; Brown et al.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,25 @@ class ImageList:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+
+def open_rgb(path: str | Path):
+    """Read an image file as an RGB PIL image; a corrupt or truncated file raises an
+    ``OSError`` naming the path (PIL's own message does not)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")  # decodes the whole file: truncation shows here
+    except FileNotFoundError:
+        raise
+    except (OSError, SyntaxError, ValueError) as error:
+        raise OSError(f"cannot read image {path}: {error}") from error
+
+
+def missing_files(paths: list[Path]) -> list[Path]:
+    """The listed files that do not exist (one ``os.path.exists`` each: fast, no decoding)."""
+    return [p for p in paths if not os.path.exists(p)]
 
 
 def require_file(path: Path, what: str, layout: str) -> Path:
@@ -161,14 +181,20 @@ def read_folder_or_csv(source: str | Path) -> ImageList:
 
 
 def _read_csv(source: Path) -> ImageList:
-    with source.open(newline="") as f:
+    with source.open(newline="", encoding="utf-8-sig") as f:  # utf-8-sig: Excel's BOM
         reader = csv.DictReader(f)
-        if not reader.fieldnames or not {"path", "label"} <= set(reader.fieldnames):
+        # The header names the columns in any case/spacing ("Path, Label").
+        reader.fieldnames = [name.strip().lower() for name in reader.fieldnames or []]
+        if not {"path", "label"} <= set(reader.fieldnames):
             raise ValueError(
-                f"{source} has columns {reader.fieldnames}; expected 'path' and 'label'\n"
-                f"Expected {FOLDER_LAYOUT}"
+                f"{source}: the first row must be a header naming the 'path' and 'label' "
+                f"columns, got {reader.fieldnames}\nExpected {FOLDER_LAYOUT}"
             )
-        rows = list(reader)
+        rows = [r for r in reader if any((v or "").strip() for v in r.values())]
+    for line_no, r in enumerate(rows, start=2):
+        if not (r["path"] or "").strip() or not (r["label"] or "").strip():
+            raise ValueError(f"{source}:{line_no}: empty 'path' or 'label' in {r}")
+        r["path"], r["label"] = r["path"].strip(), r["label"].strip()
     paths = [
         Path(r["path"]) if Path(r["path"]).is_absolute() else source.parent / r["path"]
         for r in rows
@@ -179,9 +205,13 @@ def _read_csv(source: Path) -> ImageList:
 
 
 def _integer_labels(names: list[str]) -> list[int]:
-    """Integer labels kept as numbers when every name is an integer, else indices of sorted names."""
+    """Integer labels kept as numbers when every name is an integer and distinct names stay
+    distinct (``1`` and ``01`` are two classes), else indices of the sorted names."""
+    distinct = set(names)
     try:
-        return [int(n) for n in names]
+        numbers = {n: int(n) for n in distinct}
     except ValueError:
-        index = {n: i for i, n in enumerate(sorted(set(names)))}
-        return [index[n] for n in names]
+        numbers = None
+    if numbers is None or len(set(numbers.values())) != len(distinct):
+        numbers = {n: i for i, n in enumerate(sorted(distinct))}
+    return [numbers[n] for n in names]
