@@ -71,3 +71,108 @@ def test_label_length_mismatch(tmp_path):
                 "--exclude-self",
             ]
         )
+
+
+def _sklearn_gap(scores: np.ndarray, rel: np.ndarray, keep: np.ndarray | None = None) -> float:
+    from sklearn.metrics import average_precision_score
+
+    keep = np.ones_like(rel) if keep is None else keep
+    return float(average_precision_score(rel[keep], scores[keep]))
+
+
+def test_float_and_text_numbers_compare_as_numbers(tmp_path):
+    q, d, ql, dl = _data(3)
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.save(tmp_path / "d.npy", d.numpy())
+    np.save(tmp_path / "ql.npy", ql.numpy().astype(np.float32))  # 1.0, 2.0, ...
+    np.save(tmp_path / "dl.npy", dl.numpy())  # int64
+    (tmp_path / "ql.txt").write_text("\n".join(f"{v}.0" for v in ql.tolist()) + "\n")
+    rel = (ql[:, None] == dl[None]).numpy()
+    ref = _sklearn_gap((q @ d.T).double().numpy(), rel)
+    for labels in ("ql.npy", "ql.txt"):
+        out = tmp_path / f"{labels}.json"
+        code = main([
+            "evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
+            "--query-labels", str(tmp_path / labels), "--database-labels", str(tmp_path / "dl.npy"),
+            "--output", str(out), "--no-ceiling",
+        ])  # fmt: skip
+        assert code == 0
+        assert json.loads(out.read_text())["gap"] == pytest.approx(ref, abs=1e-6), labels
+
+
+@pytest.mark.parametrize(
+    "query_text, database, message",
+    [
+        ("1\n01\n1\n", "ints", "same number but different text"),
+        ("cat\ndog\ncat\n", "ints", "class names but database labels are numbers"),
+        ("7\n8\n9\n", "ints", "no query label occurs among the database labels"),
+        ("1.5\n2\n2\n", "ints", "integer class ids"),
+    ],
+)
+def test_label_mismatches_are_refused(tmp_path, query_text, database, message):
+    g = torch.Generator().manual_seed(4)
+    np.save(tmp_path / "q.npy", torch.randn(3, 4, generator=g).numpy())
+    np.save(tmp_path / "d.npy", torch.randn(6, 4, generator=g).numpy())
+    (tmp_path / "ql.txt").write_text(query_text)
+    np.save(tmp_path / "dl.npy", np.array([1, 2, 1, 2, 3, 3]))
+    with pytest.raises(ValueError, match=message):
+        main([
+            "evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
+            "--query-labels", str(tmp_path / "ql.txt"), "--database-labels", str(tmp_path / "dl.npy"),
+        ])  # fmt: skip
+
+
+def test_without_database_is_leave_one_out(tmp_path, capsys):
+    q, _, ql, _ = _data(5)
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.save(tmp_path / "ql.npy", ql.numpy())
+    out = tmp_path / "m.json"
+    code = main([
+        "evaluate", "--queries", str(tmp_path / "q.npy"), "--query-labels", str(tmp_path / "ql.npy"),
+        "--output", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    assert "leave-one-out" in capsys.readouterr().err
+    got = json.loads(out.read_text())
+    # brute force, self pairs excluded (a query retrieving itself would give R@1 = 1)
+    scores = (q @ q.T).double().numpy()
+    rel = (ql[:, None] == ql[None]).numpy()
+    keep = ~np.eye(len(ql), dtype=bool)
+    hits = []
+    for i in range(len(ql)):
+        pos, neg = rel[i] & keep[i], ~rel[i]
+        if pos.any():
+            hits.append(int((scores[i][neg] >= scores[i][pos].max()).sum()) < 1)
+    assert got["r@1"] == pytest.approx(np.mean(hits), abs=1e-12) and got["r@1"] < 1
+    assert got["gap"] == pytest.approx(_sklearn_gap(scores, rel, keep), abs=1e-6)
+    assert got["num_pairs"] == len(ql) * (len(ql) - 1)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--block-size", "0"], "--block-size must be >= 1"),
+        (["--bootstrap", "-3"], "--bootstrap must be >= 0"),
+        (["--ks", "0"], "ks entry must be >= 1"),
+        (["--precision", "0.9", "0.9"], "same metric key"),
+    ],
+)
+def test_bad_options_are_named(tmp_path, extra, message):
+    q, _, ql, _ = _data(6)
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.save(tmp_path / "ql.npy", ql.numpy())
+    with pytest.raises(ValueError, match=message):
+        main(["evaluate", "--queries", str(tmp_path / "q.npy"), "--query-labels",
+              str(tmp_path / "ql.npy"), *extra])  # fmt: skip
+
+
+def test_empty_queries(tmp_path):
+    np.save(tmp_path / "q.npy", np.zeros((0, 4), dtype=np.float32))
+    np.save(tmp_path / "d.npy", np.ones((3, 4), dtype=np.float32))
+    np.save(tmp_path / "ql.npy", np.zeros(0, dtype=np.int64))
+    np.save(tmp_path / "dl.npy", np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="empty"):
+        main([
+            "evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
+            "--query-labels", str(tmp_path / "ql.npy"), "--database-labels", str(tmp_path / "dl.npy"),
+        ])  # fmt: skip

@@ -13,7 +13,11 @@ Example::
 
     rl-gap evaluate --queries q.npy --query-labels q_labels.txt \
         --database db.npy --database-labels db_labels.txt --output metrics.json
-    rl-gap evaluate --queries all.npy --query-labels labels.npy --exclude-self
+    rl-gap evaluate --queries all.npy --query-labels labels.npy   # leave-one-out
+
+Without ``--database`` the queries are the database and evaluation is
+leave-one-out (self pairs excluded; said on stderr). Labels compare as numbers
+when both sides are numbers (``1.0`` equals ``1``), else as exact class names.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query-labels", help="query labels (.npy/.pt/.txt/.csv)")
     parser.add_argument("--database-labels", help="database labels; default: query labels")
     parser.add_argument(
-        "--exclude-self", action="store_true", help="leave-one-out: queries are the database"
+        "--exclude-self",
+        action="store_true",
+        help="leave-one-out: queries are the database (the default without --database)",
     )
     parser.add_argument("--block-size", type=int, default=2048, help="GEMM block rows/columns")
     parser.add_argument("--device", default="cpu", help="scoring device, e.g. cpu or cuda:0")
@@ -102,13 +109,73 @@ def load_labels(path: str) -> np.ndarray:
     raise ValueError(f"{p}: unknown label format {p.suffix!r}; {_LAYOUT}")
 
 
+def _as_numbers(labels: np.ndarray) -> np.ndarray | None:
+    """Numeric view of labels: numeric arrays as they are, text when every entry is a
+    number ("1", "1.0"); None for text that is not all numbers (class names)."""
+    if labels.dtype.kind in "iub":
+        return labels.astype(np.int64)
+    if labels.dtype.kind == "f":
+        return labels
+    try:
+        values = np.asarray([float(v) for v in labels.astype(str)], dtype=np.float64)
+    except ValueError:
+        return None
+    # "01" and "1" (or "1" and "1.0") in one file would become one class: refuse.
+    text = labels.astype(str)
+    for value in np.unique(values):
+        spellings = np.unique(text[values == value])
+        if len(spellings) > 1:
+            raise ValueError(
+                f"labels {list(spellings)} are the same number but different text: "
+                "write each class one way"
+            )
+    return values
+
+
+def _integer_codes(values: np.ndarray, name: str) -> np.ndarray:
+    if values.dtype.kind == "f":
+        if not np.isfinite(values).all() or not np.all(values == np.round(values)):
+            bad = values[~np.isfinite(values) | (values != np.round(values))][0]
+            raise ValueError(f"{name} must be integer class ids, got {bad} (never truncated)")
+        return values.astype(np.int64)
+    return values.astype(np.int64)
+
+
 def _encode(query_labels: np.ndarray, database_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Shared integer codes for both label arrays (strings or integers)."""
-    if query_labels.dtype.kind in "iu" and database_labels.dtype.kind in "iu":
-        return query_labels.astype(np.int64), database_labels.astype(np.int64)
-    both = np.concatenate([query_labels.astype(str), database_labels.astype(str)])
-    _, codes = np.unique(both, return_inverse=True)
-    return codes[: len(query_labels)], codes[len(query_labels) :]
+    """Shared integer codes for both label arrays.
+
+    Numbers compare as numbers whatever their storage (``1.0`` from a float array or
+    a text file equals ``1``); text that is not all numbers compares as exact class
+    names. Mixing names on one side with numbers on the other is refused, and so is
+    a query set that shares no label with the database (every metric would be NaN).
+    """
+    if query_labels.ndim != 1 or database_labels.ndim != 1:
+        raise ValueError(
+            f"labels must be 1-D, got shapes {query_labels.shape} and {database_labels.shape}"
+        )
+    for side, labels in (("query", query_labels), ("database", database_labels)):
+        if len(labels) == 0:
+            raise ValueError(f"the {side} set is empty (0 labels)")
+    q_num, d_num = _as_numbers(query_labels), _as_numbers(database_labels)
+    if q_num is not None and d_num is not None:
+        q_codes = _integer_codes(q_num, "query labels")
+        d_codes = _integer_codes(d_num, "database labels")
+    elif q_num is None and d_num is None:
+        both = np.concatenate([query_labels.astype(str), database_labels.astype(str)])
+        _, codes = np.unique(both, return_inverse=True)
+        q_codes, d_codes = codes[: len(query_labels)], codes[len(query_labels) :]
+    else:
+        names, numbers = ("query", "database") if q_num is None else ("database", "query")
+        raise ValueError(
+            f"{names} labels are class names but {numbers} labels are numbers: "
+            "give both in one form"
+        )
+    if not np.isin(q_codes, d_codes).any():
+        raise ValueError(
+            "no query label occurs among the database labels: every metric would be NaN "
+            "(check that both label files use the same class ids)"
+        )
+    return q_codes, d_codes
 
 
 def format_table(metrics: dict[str, float]) -> str:
@@ -127,7 +194,13 @@ def format_table(metrics: dict[str, float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rl_gap.metrics.functional import evaluate_embeddings
+    from rl_gap.metrics.functional.arguments import check_block_size, check_count
+    from rl_gap.metrics.functional.suite import check_suite_arguments
 
+    # option errors before any file is read
+    check_block_size(args.block_size, "--block-size")
+    check_count(args.bootstrap, "--bootstrap")
+    check_suite_arguments(args.ks, args.precision, args.map_at)
     queries, q_pt_labels = load_embeddings(args.queries)
     database, d_pt_labels = (
         (queries, q_pt_labels) if args.database is None else load_embeddings(args.database)
@@ -154,8 +227,17 @@ def run(args: argparse.Namespace) -> int:
             if args.database is None
             else torch.nn.functional.normalize(torch.as_tensor(np.asarray(database)).float(), dim=1)
         )
+    exclude_self = args.exclude_self
+    if args.database is None and not exclude_self:
+        # Each query would retrieve itself first (R@1 = 1): rank it against the others.
+        exclude_self = True
+        print(
+            "no --database: leave-one-out, each query ranked against the other queries "
+            "(self pairs excluded)",
+            file=sys.stderr,
+        )
     metrics = evaluate_embeddings(
-        queries, database, query_labels, database_labels, exclude_self=args.exclude_self,
+        queries, database, query_labels, database_labels, exclude_self=exclude_self,
         ks=tuple(args.ks), precisions=tuple(args.precision), map_at=tuple(args.map_at),
         ceiling=False if args.no_ceiling else None, protocol=args.protocol,
         bootstrap=args.bootstrap, block_size=args.block_size, device=args.device, seed=args.seed,
