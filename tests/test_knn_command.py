@@ -65,3 +65,16 @@ def test_knn_command_errors(tmp_path):
     path, _ = tiny_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="--train-dir"):
         main(["knn", "--checkpoint", str(path), "--data", "imagefolder", "--device", "cpu"])
+
+
+def test_knn_command_refuses_k_beyond_the_bank(tmp_path):
+    path, _ = tiny_checkpoint(tmp_path)
+    base = ["knn", "--checkpoint", str(path), "--data", "mnist5k", "--device", "cpu"]
+    # mnist5k: 4000 training images form the bank; k = 4001 would be reported as k4001
+    # while the classifier used 4000 neighbours
+    with pytest.raises(ValueError, match=r"--k \[4001\] exceeds the bank \(4000"):
+        main([*base, "--k", "20", "4001"])
+    with pytest.raises(ValueError, match="--k entry must be >= 1"):
+        main([*base, "--k", "0"])
+    with pytest.raises(ValueError, match="duplicate"):
+        main([*base, "--k", "20", "20"])

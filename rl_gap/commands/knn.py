@@ -112,8 +112,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rl_gap.metrics.functional.arguments import check_ks
+
+    check_ks(args.k, "--k")
+    if args.temperature <= 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
     module = load_module(args.checkpoint, args.module_class, args.device)
     bank_set, query_set = evaluation_datasets(args)
+    too_large = [k for k in args.k if k > len(bank_set)]
+    if too_large:
+        # the classifier would use the whole bank and report it under the asked k
+        raise ValueError(
+            f"--k {too_large} exceeds the bank ({len(bank_set)} training images): "
+            f"use k <= {len(bank_set)}"
+        )
     bank, bank_labels = extract_features(
         module, bank_set, args.batch_size, args.num_workers, args.device
     )
