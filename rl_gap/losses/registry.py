@@ -4,6 +4,11 @@ A loss registers itself with ``@register_loss("name")``; nothing else needs
 editing. ``build_loss(name, **kwargs)`` instantiates it, and
 ``loss_from_config({"name": ..., **kwargs})`` builds one from a recipe's flat
 ``loss:`` section, so swapping ``name`` alone swaps the loss.
+
+Registration also gives a loss the precision contract of
+:mod:`rl_gap.losses.common`: its ``forward`` is wrapped by
+:func:`~rl_gap.losses.common.full_precision`, so it ranks float32 (or float64)
+similarities with autocast off even when called inside a ``bf16-mixed`` step.
 """
 
 from __future__ import annotations
@@ -15,18 +20,25 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from rl_gap.losses.common import full_precision
+
 _LOSSES: dict[str, type[nn.Module]] = {}
 
 T = TypeVar("T", bound=type[nn.Module])
 
 
 def register_loss(name: str) -> Callable[[T], T]:
-    """Class decorator adding a loss to the registry under ``name`` (lower case)."""
+    """Class decorator adding a loss to the registry under ``name`` (lower case).
+
+    The class's ``forward`` is wrapped in place by ``full_precision`` (autocast
+    off, half-precision ``sim`` widened to float32), whatever kernel it calls.
+    """
     key = name.lower()
 
     def decorator(cls: T) -> T:
         if key in _LOSSES and _LOSSES[key] is not cls:
             raise ValueError(f"loss name {key!r} is already registered by {_LOSSES[key].__name__}")
+        cls.forward = full_precision(cls.forward)  # type: ignore[method-assign]
         _LOSSES[key] = cls
         return cls
 

@@ -21,13 +21,18 @@ comparison (i, j) adds c_ij·σ'(d_ij)/τ to ∂SAP/∂s_j and subtracts it from
 coefficient of row i over P. The self-comparison j = i (σ(0) = 1/2) enters
 both with opposite signs and cancels, so R_P is computed as
 ``1/2 + sum_{j in P} σ(d_ij)`` without masking the diagonal.
+
+Precision: the gradient is accumulated with matmuls *in the forward pass*, so
+the two public functions (the only callers of the private Functions) are
+wrapped by ``full_precision`` (autocast off, half inputs widened): under
+``bf16-mixed`` autocast those matmuls would otherwise run in bf16.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rl_gap.losses.common import compute_dtype
+from rl_gap.losses.common import compute_dtype, full_precision
 
 # Elements of one (chunk × M) comparison block: 2^24 float32 = 64 MiB, the
 # exact sweep's only large temporary.
@@ -120,6 +125,7 @@ class _SmoothedAPExact(torch.autograd.Function):
         return (grad * grad_output.to(grad.dtype)).to(ctx.input_dtype), None, None, None
 
 
+@full_precision
 def smoothed_ap_exact(
     scores: torch.Tensor,
     positive: torch.Tensor,
@@ -238,6 +244,7 @@ class _SmoothedAPRows(torch.autograd.Function):
         return out.to(ctx.input_dtype), None, None, None, None
 
 
+@full_precision
 def smoothed_ap_rows(
     scores: torch.Tensor,
     positive: torch.Tensor,

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import nn
 
+from rl_gap.losses.common import full_precision_normalize
+
 Tokenizer = Callable[..., torch.Tensor]
 
 # Lightning checkpoints of CLIPFineTuneModule store the open_clip model under
@@ -235,18 +237,18 @@ class CLIPEncoder(nn.Module):
         self.model.lock_text_tower(unlocked_layers=unlocked_layers)
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) float -> (B, E) unit-norm image embeddings."""
+        """(B, 3, H, W) float -> (B, E) unit-norm image embeddings (float32 under autocast)."""
         if images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-        return F.normalize(self.model.encode_image(images), dim=-1)
+        return full_precision_normalize(self.model.encode_image(images))
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, L) int64 tokens -> (B, E) unit-norm text embeddings."""
+        """(B, L) int64 tokens -> (B, E) unit-norm text embeddings (float32 under autocast)."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(
                 f"tokens must be an int64 (B, L) tensor, got {tokens.dtype} {tuple(tokens.shape)}"
             )
-        return F.normalize(self.model.encode_text(tokens), dim=-1)
+        return full_precision_normalize(self.model.encode_text(tokens))
 
     def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
         """Captions -> (N, context_length) int64 tokens."""

@@ -15,9 +15,10 @@ from typing import Any
 
 import timm
 import torch
-import torch.nn.functional as F
 from timm.models import register_model
 from torch import nn
+
+from rl_gap.losses.common import full_precision_normalize
 
 log = logging.getLogger(__name__)
 
@@ -156,4 +157,5 @@ class EmbeddingEncoder(nn.Module):
         self.head = nn.Linear(features, dim) if dim else nn.Identity()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.head(self.backbone(images)), dim=-1)
+        """Unit-norm embeddings, normalised in float32 (float64 kept) even under autocast."""
+        return full_precision_normalize(self.head(self.backbone(images)))

@@ -19,6 +19,7 @@ from torch import nn
 
 from rl_gap.data.image_text import RETRIEVAL_IMAGES, RETRIEVAL_TEXTS, ZERO_SHOT
 from rl_gap.losses import dist
+from rl_gap.losses.common import full_precision_similarity
 from rl_gap.metrics.functional import evaluate_embeddings
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder
@@ -164,8 +165,7 @@ class CLIPFineTuneModule(RankingModule):
         images = self.gather(self.encode_image(batch["image"]))
         texts = self.gather(self.encode_text(batch["text"]))
         groups = self.gather_labels(batch["group"].to(self.device))
-        with torch.autocast(device_type=self.device.type, enabled=False):
-            sim = images.float() @ texts.float().T
+        sim = full_precision_similarity(images, texts)
         rel = caption_group_relevance(groups, groups)
         return sim, rel, None
 
@@ -245,7 +245,7 @@ class CLIPFineTuneModule(RankingModule):
             elif role == ZERO_SHOT:
                 emb, labels = self._collected(idx)
                 classifier = self.clip.class_embeddings(dataset.classnames, dataset.templates)
-                scores = emb @ classifier.to(emb).T
+                scores = full_precision_similarity(emb, classifier.to(emb.device))
                 for key, value in zero_shot_accuracy(scores, labels).items():
                     metrics[f"{stage}/{name}/zs_{key}"] = value
             else:

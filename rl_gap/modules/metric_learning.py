@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rl_gap.losses.common import full_precision_similarity
 from rl_gap.models.encoder import EmbeddingEncoder
 from rl_gap.modules.base import RankingModule
 
@@ -77,11 +78,12 @@ class MetricLearningModule(RankingModule):
     def global_similarity(
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(sim (B, B) float32 even under bf16 autocast, rel, valid) of the global batch."""
         images, labels = batch[0], batch[1]
         embeddings = self.gather(self(images))
         labels = self.gather_labels(labels)
         rel, valid = same_label_relevance(labels)
-        return embeddings @ embeddings.T, rel, valid
+        return full_precision_similarity(embeddings), rel, valid
 
     def _embed_step(self, batch: Any) -> dict[str, torch.Tensor]:
         images, labels, indices = batch[0], batch[1], batch[2]

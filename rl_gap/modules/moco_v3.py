@@ -32,6 +32,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 import rl_gap.optim_lars  # noqa: F401  (registers the "lars" optimizer)
 from rl_gap.losses import get_loss_class
+from rl_gap.losses.common import full_precision_normalize, full_precision_similarity
 from rl_gap.metrics.knn import WeightedKNNAccuracy
 from rl_gap.models.moco import (
     MoCoEncoder,
@@ -205,11 +206,9 @@ class MoCoV3Module(RankingModule):
         """
         # float32 even under bf16/fp16 autocast: bf16 resolves cosines near 1
         # only to ~4e-3, coarser than gSAP's temperature (1e-2 and below).
-        dtype = torch.promote_types(queries.dtype, torch.float32)
-        with torch.autocast(device_type=queries.device.type, enabled=False):
-            q = self.gather(F.normalize(queries.to(dtype), dim=1))
-            k = self.gather_labels(F.normalize(keys.detach().to(dtype), dim=1))
-            sim = q @ k.T
+        q = self.gather(full_precision_normalize(queries, dim=1))
+        k = self.gather_labels(full_precision_normalize(keys.detach(), dim=1))
+        sim = full_precision_similarity(q, k)
         rel = torch.eye(sim.shape[0], dtype=torch.bool, device=sim.device)
         return sim, rel
 
@@ -306,7 +305,7 @@ class MoCoV3Module(RankingModule):
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
         """Unit-norm backbone features for ``rl-gap predict`` (the kNN / retrieval input)."""
-        features = F.normalize(self.features(batch["image"]).float(), dim=1)
+        features = self.features(batch["image"]).float()
         return {"embeddings": features, "labels": batch["label"], "indices": batch["index"]}
 
     def on_validation_epoch_end(self) -> None:
