@@ -39,6 +39,75 @@ def _sgd(params, lr: float, weight_decay: float, momentum: float = 0.9, **_: Any
     return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=momentum)
 
 
+SCHEDULERS = ("cosine", "constant", "none")
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got the bool {value}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def check_optimizer_settings(
+    optimizer: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    momentum: float = 0.9,
+    scheduler: str = "cosine",
+    warmup: float = 0.0,
+    min_lr_ratio: float = 0.0,
+    lr_scales: dict[str, float] | None = None,
+) -> None:
+    """Reject optimizer/schedule settings that would train to nonsense, naming the setting.
+
+    Called when a training module is built, so ``--model.lr nan`` fails before
+    any data is loaded instead of training to chance and exiting 0.
+
+    Raises:
+        ValueError: an unknown optimizer or scheduler; ``lr`` not finite and > 0;
+            ``weight_decay`` not finite and >= 0; ``betas`` not two numbers in
+            [0, 1); ``momentum`` not in [0, 1); ``warmup`` negative, not finite,
+            or >= 1 and not a whole number of steps; ``min_lr_ratio`` outside
+            [0, 1]; an ``lr_scales`` value not finite and >= 0.
+    """
+    import rl_gap.optim_lars  # noqa: F401  (registers "lars")
+
+    if str(optimizer).lower() not in _OPTIMIZERS:
+        raise ValueError(
+            f"unknown optimizer {optimizer!r}; known: {', '.join(available_optimizers())}"
+        )
+    if not _number("lr", lr) > 0:
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not _number("weight_decay", weight_decay) >= 0:
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+    if isinstance(betas, str) or len(tuple(betas)) != 2:
+        raise ValueError(f"betas must be two numbers (beta1, beta2), got {betas!r}")
+    for i, beta in enumerate(betas):
+        if not 0 <= _number(f"betas[{i}]", beta) < 1:
+            raise ValueError(f"betas must lie in [0, 1), got {tuple(betas)!r}")
+    if not 0 <= _number("momentum", momentum) < 1:
+        raise ValueError(f"momentum (SGD/LARS) must lie in [0, 1), got {momentum!r}")
+    if str(scheduler).lower() not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; known: {', '.join(SCHEDULERS)}")
+    warm = _number("warmup", warmup)
+    if warm < 0 or (warm >= 1 and warm != int(warm)):
+        raise ValueError(
+            f"warmup is a fraction of all steps in [0, 1) or a whole number of steps, got {warmup!r}"
+        )
+    if not 0 <= _number("min_lr_ratio", min_lr_ratio) <= 1:
+        raise ValueError(f"min_lr_ratio must lie in [0, 1], got {min_lr_ratio!r}")
+    for prefix, scale in (lr_scales or {}).items():
+        if not _number(f"lr_scales[{prefix!r}]", scale) >= 0:
+            raise ValueError(f"lr_scales[{prefix!r}] must be a finite number >= 0, got {scale!r}")
+
+
 def param_groups(
     modules: Iterable[nn.Module], weight_decay: float, lr_scales: dict[str, float] | None = None
 ) -> list[dict[str, Any]]:

@@ -146,3 +146,44 @@ def test_siglip_valid_mask_removes_pairs():
         loss_fn.log_scale.fill_(math.log(t))
     got = loss_fn(sim, rel, valid)
     assert float(got.detach()) == pytest.approx(want / 5, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"init_log_scale": 1000.0},
+            r"init_log_scale .* at most log\(max_scale\) = 4.605, got 1000",
+        ),
+        ({"init_log_scale": math.nan}, "init_log_scale .* must be finite"),
+        ({"init_log_scale": math.log(200.0)}, "at most log"),
+        ({"init_bias": math.inf}, "init_bias must be finite"),
+        ({"max_scale": 0.0}, "max_scale must be a finite number > 0"),
+        ({"max_scale": math.nan}, "max_scale must be a finite number > 0"),
+    ],
+)
+def test_siglip_rejects_settings_that_give_an_infinite_loss(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_loss("siglip", **kwargs)
+
+
+def test_siglip_scale_is_clamped_at_max_scale():
+    """A learnt t' past log(max_scale) ranks with t = max_scale (open_clip's cap) and stops there."""
+    gen = torch.Generator().manual_seed(3)
+    sim = torch.rand(4, 4, generator=gen, dtype=torch.float64) * 2 - 1
+    rel = torch.eye(4, dtype=torch.bool)
+    want = 0.0
+    for q in range(4):
+        for d in range(4):
+            z = 1.0 if q == d else -1.0
+            want += math.log1p(math.exp(-z * (100.0 * float(sim[q, d]) - 10.0)))
+    loss_fn = build_loss("siglip").double()
+    with torch.no_grad():
+        loss_fn.log_scale.fill_(1000.0)  # as if training had pushed it far past the cap
+    loss = loss_fn(sim, rel)
+    assert float(loss.detach()) == pytest.approx(want / 4, rel=1e-12)
+    grad_scale, grad_bias = torch.autograd.grad(loss, (loss_fn.log_scale, loss_fn.bias))
+    assert float(grad_scale) == 0.0 and float(grad_bias) != 0.0
+    assert loss_fn.extra_logs()["logit_scale"] == pytest.approx(100.0)
+    wide = build_loss("siglip", init_log_scale=math.log(500.0), max_scale=1000.0)
+    assert wide.extra_logs()["logit_scale"] == pytest.approx(500.0, rel=1e-6)

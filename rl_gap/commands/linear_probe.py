@@ -32,6 +32,7 @@ from rl_gap.commands.knn import (
     load_module,
 )
 from rl_gap.metrics.knn import topk_accuracy
+from rl_gap.optim import check_optimizer_settings
 
 
 @dataclass
@@ -86,10 +87,10 @@ def train_linear_probe(
             raise ValueError(f"{name} features contain NaN or inf")
     if train_features.shape[1] != val_features.shape[1]:
         raise ValueError("train and val features differ in width")
-    if epochs < 1 or lr <= 0 or batch_size < 1:
-        raise ValueError(
-            f"need epochs >= 1, lr > 0, batch_size >= 1; got {epochs}, {lr}, {batch_size}"
-        )
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"need epochs >= 1, batch_size >= 1; got {epochs}, {batch_size}")
+    # lr/weight_decay/momentum finite and in range: `--lr nan` used to train to chance.
+    check_optimizer_settings("sgd", lr, weight_decay, momentum=momentum)
     x = train_features.float()
     y = train_labels.long()
     if num_classes is None:
@@ -151,6 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_optimizer_settings("sgd", args.lr, args.weight_decay)  # before the feature pass
     module = load_module(args.checkpoint, args.module_class, args.device)
     train_set, val_set = evaluation_datasets(args)
     train = extract_features(module, train_set, args.batch_size, args.num_workers, args.device)

@@ -4,7 +4,9 @@ Pre-Training*, ICCV 2023).
 ``−(1/Q) · sum_{valid (q, d)} log σ(z_qd · (t · s_qd + b))`` with ``z = +1``
 for relevant pairs and −1 otherwise, ``t = exp(t')``; the learnable ``t'``
 (init log 10) and bias ``b`` (init −10) live in this module. Normalised by the
-number of rows Q as SigLIP (and open_clip's ``SigLipLoss``) does.
+number of rows Q as SigLIP (and open_clip's ``SigLipLoss``) does. The scale is
+capped at ``max_scale`` (100, the cap open_clip's training loop puts on every
+model's logit scale): a start above it is refused, a learnt one is clamped.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ class SigLIPLoss(nn.Module):
     not replaced by 0.
 
     Args:
-        init_log_scale: initial t' (SigLIP: log 10).
-        init_bias: initial b (SigLIP: −10).
+        init_log_scale: initial t' (SigLIP: log 10); ``exp(t')`` must not exceed
+            ``max_scale`` (t' = 1000 would make every logit infinite).
+        init_bias: initial b (SigLIP: −10), finite.
         learnable: learn t' and b (else fixed at their initial values).
+        max_scale: upper clamp of the scale t = exp(t') (default 100), finite and > 0.
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss.
     """
@@ -47,14 +51,27 @@ class SigLIPLoss(nn.Module):
         init_log_scale: float = math.log(10.0),
         init_bias: float = -10.0,
         learnable: bool = True,
+        max_scale: float = 100.0,
     ) -> None:
         super().__init__()
-        log_scale = torch.tensor(float(init_log_scale))
-        bias = torch.tensor(float(init_bias))
-        if not (math.isfinite(float(init_log_scale)) and math.isfinite(float(init_bias))):
+        init_log_scale, init_bias, max_scale = (
+            float(init_log_scale),
+            float(init_bias),
+            float(max_scale),
+        )
+        if not (max_scale > 0 and math.isfinite(max_scale)):
+            raise ValueError(f"siglip max_scale must be a finite number > 0, got {max_scale}")
+        if not math.isfinite(init_log_scale) or init_log_scale > math.log(max_scale):
             raise ValueError(
-                f"init_log_scale and init_bias must be finite, got {init_log_scale}, {init_bias}"
+                f"siglip init_log_scale is t' with scale t = exp(t'); it must be finite and "
+                f"at most log(max_scale) = {math.log(max_scale):.4g}, got {init_log_scale} "
+                f"(SigLIP's init is log 10 = 2.303)"
             )
+        if not math.isfinite(init_bias):
+            raise ValueError(f"siglip init_bias must be finite, got {init_bias}")
+        self.max_scale = max_scale
+        log_scale = torch.tensor(init_log_scale)
+        bias = torch.tensor(init_bias)
         self.learnable = bool(learnable)
         if self.learnable:
             self.log_scale = nn.Parameter(log_scale)
@@ -63,9 +80,13 @@ class SigLIPLoss(nn.Module):
             self.register_buffer("log_scale", log_scale)
             self.register_buffer("bias", bias)
 
+    def scale(self) -> torch.Tensor:
+        """t = exp(t'), clamped at ``max_scale`` (0-d, differentiable below the cap)."""
+        return self.log_scale.clamp(max=math.log(self.max_scale)).exp()
+
     def extra_logs(self) -> dict[str, float]:
         return {
-            "logit_scale": float(self.log_scale.detach().exp()),
+            "logit_scale": float(self.scale().detach()),
             "logit_bias": float(self.bias.detach()),
         }
 
@@ -74,5 +95,5 @@ class SigLIPLoss(nn.Module):
     ) -> torch.Tensor:
         sim, rel, valid = check_batch(sim, rel, valid)
         dtype = compute_dtype(sim.dtype)
-        logits = sim.to(dtype) * self.log_scale.to(dtype).exp() + self.bias.to(dtype)
+        logits = sim.to(dtype) * self.scale().to(dtype) + self.bias.to(dtype)
         return sigmoid_pair_loss(logits, rel, valid)

@@ -16,7 +16,12 @@ import lightning as L
 import torch
 
 from rl_gap.losses import dist, loss_from_config
-from rl_gap.optim import build_optimizer, build_scheduler, param_groups
+from rl_gap.optim import (
+    build_optimizer,
+    build_scheduler,
+    check_optimizer_settings,
+    param_groups,
+)
 
 
 class RankingModule(L.LightningModule, abc.ABC):
@@ -50,6 +55,10 @@ class RankingModule(L.LightningModule, abc.ABC):
         lr_scales: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
+        # Before anything is built: `--model.lr nan` fails here, naming the setting.
+        check_optimizer_settings(
+            optimizer, lr, weight_decay, betas, momentum, scheduler, warmup, min_lr_ratio, lr_scales
+        )
         self.loss_config = dict(loss or {"name": "gsap"})
         self.loss_fn = loss_from_config(self.loss_config)
         self.optim_config = dict(
