@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from sklearn.metrics import average_precision_score
 
 from rl_gap.callbacks.embedding_writer import merge_parts
 from rl_gap.cli import main as rl_gap_main
+from rl_gap.data.glyphs import DEJAVU_DIR
 from rl_gap.data.metric_learning import MNISTDemoDataModule
 from rl_gap.modules import MetricLearningModule
 from rl_gap.resources import recipe_path
@@ -40,11 +43,11 @@ def test_merge_parts_orders_by_index_and_drops_sampler_padding():
 def trained(tmp_path_factory):
     """Two training steps of the MNIST demo; returns (output root, last checkpoint)."""
     out = tmp_path_factory.mktemp("runs")
-    run_lightning_cli(
+    cli = run_lightning_cli(
         ["fit", "--config", RECIPE, "--output_dir", str(out), "--trainer.max_epochs", "1",
          "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "0", *SMALL]
     )  # fmt: skip
-    ckpt = out / "demo" / "mnist_gsap" / "checkpoints" / "last.ckpt"
+    ckpt = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     return out, ckpt
 
@@ -55,7 +58,7 @@ def test_predict_then_evaluate_end_to_end(trained, tmp_path):
         ["predict", "--config", RECIPE, "--ckpt_path", str(ckpt), "--output_dir", str(out),
          "--data.init_args.eval_batch_size", "300", "--trainer.limit_predict_batches", "2", *SMALL]
     )  # fmt: skip
-    folder = out / "demo" / "mnist_gsap" / "embeddings" / "test"
+    folder = ckpt.parent.parent / "embeddings" / "test"  # next to the checkpoint's run
     emb, labels = np.load(folder / "embeddings.npy"), np.load(folder / "labels.npy")
     indices = np.load(folder / "indices.npy")
     assert emb.dtype == np.float32 and emb.shape == (600, 64)
@@ -92,18 +95,19 @@ def test_predict_then_evaluate_end_to_end(trained, tmp_path):
 @pytest.mark.slow
 def test_predict_under_ddp_merges_ranks_in_dataset_order(trained, tmp_path):
     """Two processes: each rank writes its shard, rank 0 merges; same files as one process."""
-    out, ckpt = trained
-    rows = ["--data.init_args.eval_batch_size", "100", "--trainer.limit_predict_batches", "2"]
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    run_lightning_cli(
-        ["predict", "--config", RECIPE, "--ckpt_path", str(ckpt), "--output_dir", str(single),
-         "--trainer.limit_predict_batches", "4", "--data.init_args.eval_batch_size", "100", *SMALL]
-    )  # fmt: skip
-    run_lightning_cli(
-        ["predict", "--config", RECIPE, "--ckpt_path", str(ckpt), "--output_dir", str(ddp),
-         "--trainer.devices", "2", "--trainer.strategy", "ddp_spawn", *rows, *SMALL]
-    )  # fmt: skip
-    a, b = (d / "demo" / "mnist_gsap" / "embeddings" / "test" for d in (single, ddp))
+    _, ckpt = trained
+    copies = {}
+    for name in ("single", "ddp"):  # two run folders, each holding a copy of the checkpoint
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        copies[name] = tmp_path / name / "checkpoints" / "last.ckpt"
+        shutil.copy(ckpt, copies[name])
+    common = ["predict", "--config", RECIPE, "--output_dir", str(tmp_path / "predict"),
+              "--data.init_args.eval_batch_size", "100", *SMALL]  # fmt: skip
+    run_lightning_cli([*common, "--ckpt_path", str(copies["single"]),
+                       "--trainer.limit_predict_batches", "4"])  # fmt: skip
+    run_lightning_cli([*common, "--ckpt_path", str(copies["ddp"]), "--trainer.devices", "2",
+                       "--trainer.strategy", "ddp_spawn", "--trainer.limit_predict_batches", "2"])  # fmt: skip
+    a, b = (tmp_path / name / "embeddings" / "test" for name in ("single", "ddp"))
     # ranks take items r, r + 2, ...: 2 batches of 100 each = the first 400 items
     assert np.load(b / "indices.npy").tolist() == list(range(400))
     assert np.array_equal(np.load(a / "labels.npy"), np.load(b / "labels.npy"))
@@ -112,3 +116,69 @@ def test_predict_under_ddp_merges_ranks_in_dataset_order(trained, tmp_path):
     )
     assert not (b / ".parts").exists()
     assert json.loads((b / "meta.json").read_text())["world_size"] == 2
+
+
+def test_moco_predict_writes_bank_and_evaluated_features(run_dir):
+    """MoCo v3 demo: unit-norm backbone features of the kNN bank (train) and of the
+    evaluated images (val), rows in dataset order, labels the digits."""
+    cli = run_lightning_cli(
+        ["predict", "--config", str(recipe_path("demo/mnist_moco_infonce")),
+         "--output_dir", str(run_dir), "--data.init_args.eval_batch_size", "20",
+         "--trainer.limit_predict_batches", "2", "--wandb", "off",
+         "--trainer.enable_progress_bar", "false"]
+    )  # fmt: skip
+    root = Path(cli.trainer.default_root_dir) / "embeddings"
+    loaders = cli.trainer.predict_dataloaders
+    model = cli.model.eval()
+    for split, loader in zip(("train", "val"), loaders, strict=True):
+        emb, labels = np.load(root / split / "embeddings.npy"), np.load(root / split / "labels.npy")
+        items = [loader.dataset[i] for i in range(40)]
+        with torch.no_grad():
+            feats = model.features(torch.stack([it["image"] for it in items])).double()
+        expected = (feats / feats.norm(dim=1, keepdim=True)).numpy()
+        np.testing.assert_allclose(emb, expected, atol=1e-5)
+        assert labels.dtype == np.int64 and labels.tolist() == [it["label"] for it in items]
+
+
+@pytest.mark.skipif(
+    not Path(DEJAVU_DIR, "DejaVuSans.ttf").is_file(),
+    reason="DejaVu fonts missing (apt-get install fonts-dejavu-core)",
+)
+def test_clip_predict_writes_image_and_text_embeddings_with_pair_ids(tmp_path, monkeypatch):
+    """CLIP glyph demo: each retrieval set gets image_/text_ embeddings + group (pair) ids,
+    the zero-shot set embeddings + class labels; rl-gap evaluate reads image->text."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    cli = run_lightning_cli(
+        ["predict", "--config", str(recipe_path("demo/glyphs_gsap")),
+         "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
+         "--data.init_args.train_renders=1", "--data.init_args.eval_renders=1",
+         "--data.init_args.eval_seen=false", "--data.init_args.batch_size=32"]
+    )  # fmt: skip
+    model = cli.model.eval()
+    datasets = [loader.dataset for loader in cli.trainer.predict_dataloaders]
+    retrieval = {d.eval_role: d for d in datasets if d.eval_role != "zero_shot"}
+    root = Path(cli.trainer.default_root_dir) / "embeddings"
+    folder = root / retrieval["retrieval_images"].eval_name
+    images, texts = retrieval["retrieval_images"], retrieval["retrieval_texts"]
+    img = np.load(folder / "image_embeddings.npy")
+    txt = np.load(folder / "text_embeddings.npy")
+    assert img.shape[0] == len(images) and txt.shape[0] == len(texts)
+    assert np.load(folder / "image_labels.npy").tolist() == images.groups
+    assert np.load(folder / "text_labels.npy").tolist() == texts.groups
+    with torch.no_grad():
+        ref_img = model.encode_image(torch.stack([images[i]["image"] for i in range(4)]))
+        ref_txt = model.encode_text([texts[i]["text"] for i in range(4)])
+    np.testing.assert_allclose(img[:4], ref_img.numpy(), atol=1e-4)
+    np.testing.assert_allclose(txt[:4], ref_txt.numpy(), atol=1e-4)
+    (zs,) = [d for d in datasets if d.eval_role == "zero_shot"]
+    assert np.load(root / zs.eval_name / "labels.npy").tolist() == list(zs.labels)
+    out = tmp_path / "i2t.json"
+    assert rl_gap_main(
+        ["evaluate", "--queries", str(folder / "image_embeddings.npy"), "--query-labels",
+         str(folder / "image_labels.npy"), "--database", str(folder / "text_embeddings.npy"),
+         "--database-labels", str(folder / "text_labels.npy"), "--no-ceiling", "--output", str(out)]
+    ) == 0  # fmt: skip
+    x, y = img.astype(np.float64), txt.astype(np.float64)
+    rel = np.load(folder / "image_labels.npy")[:, None] == np.load(folder / "text_labels.npy")
+    gap = average_precision_score(rel.ravel(), (x @ y.T).ravel())
+    assert json.loads(out.read_text())["gap"] == pytest.approx(gap, abs=1e-4)

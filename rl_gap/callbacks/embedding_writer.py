@@ -2,7 +2,9 @@
 
 ``rl-gap predict --config <recipe> --ckpt_path <ckpt>`` runs the module's
 ``predict_step`` over the data module's ``predict_dataloader`` and this
-callback writes, per evaluation split, into ``<run>/embeddings/<split>/``:
+callback writes, per evaluation split, into ``<run>/embeddings/<split>/``
+(``<run>``: the run folder holding the checkpoint, ``<run>/checkpoints/x.ckpt``,
+else the predict command's own run folder):
 
 - ``embeddings.npy`` (N, D) float32 and ``labels.npy`` (N,) int64 (metric
   learning, MoCo v3 features, CLIP zero-shot images);
@@ -88,7 +90,8 @@ class EmbeddingWriter(BasePredictionWriter):
     """Writes each predict loader's embeddings, labels and indices as ``.npy`` files.
 
     Args:
-        output_dir: folder of the split folders; default ``<trainer.default_root_dir>/embeddings``.
+        output_dir: folder of the split folders; default ``<run>/embeddings`` where ``<run>``
+            holds the checkpoint's ``checkpoints/`` folder, else ``trainer.default_root_dir``.
     """
 
     def __init__(self, output_dir: str | None = None) -> None:
@@ -128,7 +131,12 @@ class EmbeddingWriter(BasePredictionWriter):
 
     # --------------------------------------------------------------- output
     def _root(self, trainer) -> Path:
-        return Path(self.output_dir or Path(trainer.default_root_dir) / "embeddings")
+        if self.output_dir:
+            return Path(self.output_dir)
+        ckpt = Path(str(trainer.ckpt_path)) if trainer.ckpt_path else None
+        if ckpt is not None and ckpt.parent.name == "checkpoints":
+            return ckpt.parent.parent / "embeddings"  # the run that trained the checkpoint
+        return Path(trainer.default_root_dir) / "embeddings"
 
     @staticmethod
     def split_name(trainer, dataloader_idx: int) -> str:
