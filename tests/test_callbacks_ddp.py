@@ -1,0 +1,107 @@
+"""RetrievalEvaluation with 2 CPU processes (gloo): an error on rank 0 fails every rank.
+
+Rank 0 computes the metrics and broadcasts them; if it raised before the broadcast,
+rank 1 would wait in it forever. The worker records what each rank raised."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class _GlooStrategy:
+    def broadcast(self, obj, src: int = 0):
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src)
+        return holder[0]
+
+
+def _evaluate(rank: int, world: int, poison: bool) -> str:
+    from rl_gap.callbacks.retrieval import RetrievalEvaluation
+
+    callback = RetrievalEvaluation(plots=False, map_at=())
+    embeddings = _embeddings(rank)
+    if poison and rank == 1:
+        embeddings[3, 0] = float("nan")  # gathered to rank 0, which raises on it
+    labels = torch.arange(12) % 3
+    indices = torch.arange(12) + 12 * rank
+    callback._collect({"embeddings": embeddings, "labels": labels, "indices": indices})
+    trainer = SimpleNamespace(
+        is_global_zero=rank == 0, strategy=_GlooStrategy(), datamodule=None, world_size=world
+    )
+    logged = {}
+    module = SimpleNamespace(
+        device=torch.device("cpu"), log=lambda k, v, **_: logged.update({k: v})
+    )
+    try:
+        callback._evaluate(trainer, module, "val")
+        return f"ok gap={logged['val/gap']:.12f}"
+    except Exception as error:  # recorded for the test to read
+        return f"raised {type(error).__name__}: {error}"
+
+
+def _embeddings(rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank)
+    return torch.nn.functional.normalize(torch.randn(12, 4, generator=g), dim=1)
+
+
+def _worker(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a clean evaluation first, then one where rank 0 fails
+    for name, poison in (("clean", False), ("poisoned", True)):
+        Path(folder, f"{name}{rank}.txt").write_text(_evaluate(rank, world, poison))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp_path: Path) -> dict[str, str]:
+    ctx = mp.start_processes(
+        _worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ctx.processes:  # a hung rank: stop the workers this test started
+                if process.is_alive():
+                    process.terminate()
+            break
+    return {p.stem: p.read_text() for p in tmp_path.glob("*.txt")}
+
+
+@pytest.mark.ddp
+def test_rank0_evaluation_error_fails_every_rank(tmp_path):
+    from sklearn.metrics import average_precision_score
+
+    outcome = _run(tmp_path)
+    # clean: both ranks log the metrics of the 24 gathered items (sklearn reference)
+    assert outcome["clean0"] == outcome["clean1"] and outcome["clean0"].startswith("ok")
+    emb = torch.cat([_embeddings(0), _embeddings(1)]).double()
+    labels = torch.cat([torch.arange(12) % 3] * 2)
+    scores = (emb @ emb.T).numpy()
+    rel = (labels[:, None] == labels[None]).numpy()
+    keep = ~torch.eye(24, dtype=torch.bool).numpy()
+    gap = float(outcome["clean0"].split("gap=")[1])
+    assert gap == pytest.approx(average_precision_score(rel[keep], scores[keep]), abs=1e-6)
+    # poisoned: rank 0 raises its error, rank 1 raises too instead of hanging
+    assert {"poisoned0", "poisoned1"} <= set(outcome), f"a rank hung: {outcome}"
+    assert outcome["poisoned0"].startswith("raised ValueError") and "NaN" in outcome["poisoned0"]
+    assert outcome["poisoned1"].startswith(
+        "raised RuntimeError: val evaluation failed on rank 0: ValueError"
+    )
+    assert "NaN" in outcome["poisoned1"]
