@@ -18,4 +18,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "linear probe on frozen features of a checkpoint",
     ),
     "knn": ("rl_gap.commands.knn", "weighted kNN classification on frozen features"),
+    "tune": (
+        "rl_gap.commands.tune",
+        "Optuna search of lr and τ per loss, then seeds: mean ± std table (CSV, Markdown, W&B)",
+    ),
+    "sweep-scarce": (
+        "rl_gap.experiments.scarce",
+        "scarce-data protocol: γ% of classes × ρ images per class × loss table over seeds",
+    ),
 }

@@ -132,6 +132,12 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
             split (None = every image is a query, leave-one-out).
         batches_per_epoch: default ``len(train) // batch_size``.
         seed: seeds batch sampling, the validation split and the query choice.
+        class_fraction: scarce-data protocol (``rl_gap.data.subsets``): keep this
+            fraction of the eligible training classes (seeded by ``seed``).
+        images_per_class: scarce-data protocol: keep this many random images per
+            kept class; a class is eligible with at least that many (None = all).
+            A subset trains with ``m = min(m_per_class, images_per_class)`` and at
+            most as many classes per batch as it holds.
     """
 
     def __init__(
@@ -147,10 +153,18 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         queries_per_class: int | None = None,
         batches_per_epoch: int | None = None,
         seed: int = 0,
+        class_fraction: float = 1.0,
+        images_per_class: int | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= val_split < 1.0:
             raise ValueError(f"val_split must be in [0, 1), got {val_split}")
+        if not 0.0 < class_fraction <= 1.0:
+            raise ValueError(f"class_fraction must be in (0, 1], got {class_fraction}")
+        if images_per_class is not None and images_per_class < 1:
+            raise ValueError(f"images_per_class must be >= 1 or None, got {images_per_class}")
+        self.class_fraction = class_fraction
+        self.images_per_class = images_per_class
         self.batch_size = batch_size
         self.m_per_class = m_per_class
         self.eval_batch_size = eval_batch_size
@@ -181,9 +195,25 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
                 self.datasets["train"], self.datasets["val"] = self._hold_out_classes(train)
             else:
                 self.datasets["train"] = train
+            if self.scarce:
+                from rl_gap.data.subsets import scarce_subset
+
+                train = self.datasets["train"]
+                keep = torch.zeros(len(train), dtype=torch.bool)
+                keep[
+                    scarce_subset(
+                        train.labels, self.class_fraction, self.images_per_class, self.seed
+                    )
+                ] = True
+                self.datasets["train"] = _SubsetDataset(train, keep)
         if "test" not in self.datasets:
             self.datasets["test"] = self.build_split("test", train=False)
         self.datasets.setdefault("val", self.datasets["test"])
+
+    @property
+    def scarce(self) -> bool:
+        """True when the scarce-data subset is active."""
+        return self.class_fraction < 1.0 or self.images_per_class is not None
 
     def _hold_out_classes(self, train: Dataset) -> tuple[Dataset, Dataset]:
         """Split training *classes* into train/val; the val part gets eval transforms."""
@@ -218,10 +248,17 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
                 "already gives every rank its slice of the global batch"
             )
         dataset = self.datasets["train"]
+        batch_size, m_per_class = self.batch_size, self.m_per_class
+        if self.scarce:
+            from rl_gap.data.subsets import scarce_batch
+
+            batch_size, m_per_class = scarce_batch(
+                batch_size, m_per_class, len(torch.unique(dataset.labels)), self.images_per_class
+            )
         sampler = MPerClassBatchSampler(
             dataset.labels,
-            batch_size=self.batch_size,
-            m_per_class=self.m_per_class,
+            batch_size=batch_size,
+            m_per_class=m_per_class,
             num_replicas=world,
             rank=rank,
             seed=self.seed,
@@ -373,6 +410,8 @@ class MNISTDemoDataModule(MetricLearningDataModule):
         queries_per_class: int | None = None,
         batches_per_epoch: int | None = None,
         seed: int = 0,
+        class_fraction: float = 1.0,
+        images_per_class: int | None = None,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -385,6 +424,8 @@ class MNISTDemoDataModule(MetricLearningDataModule):
             queries_per_class=queries_per_class,
             batches_per_epoch=batches_per_epoch,
             seed=seed,
+            class_fraction=class_fraction,
+            images_per_class=images_per_class,
         )
         if set(train_digits) & set(test_digits):
             raise ValueError(

@@ -1,0 +1,82 @@
+"""Grids of seeded runs: the shared command-line options and the loop over settings × seeds.
+
+Each setting of a sweep (a loss, a class fraction, a negative-drop rate, ...)
+is one recipe plus ``rl-gap fit`` overrides; it is trained with ``num_seeds``
+seeds (``seed, seed+1, ...``) into ``<output>/<setting path>/seed_<s>/``
+through :class:`rl_gap.experiments.runner.Runner` (finished runs are reused,
+so an interrupted sweep resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_gap.experiments.runner import Runner
+from rl_gap.experiments.tables import metric_row
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of a grid.
+
+    Args:
+        labels: the setting's table columns, e.g. ``{"loss": "gsap", "alpha": 0.9}``.
+        recipe: training recipe.
+        overrides: ``rl-gap fit`` arguments of this setting.
+        path: run folder of the setting, relative to the sweep's output.
+    """
+
+    labels: dict[str, Any]
+    recipe: str
+    overrides: tuple[str, ...]
+    path: str
+
+
+def add_grid_arguments(parser: argparse.ArgumentParser, recipes: Sequence[str]) -> None:
+    """Options every sweep shares: recipes, seeds, output, overrides, launcher, W&B."""
+    parser.add_argument("--recipes", nargs="+", default=list(recipes), help="one recipe per loss")
+    parser.add_argument("--num-seeds", type=int, default=3, help="seeds per setting")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--output", default=None, help="output folder")
+    parser.add_argument(
+        "--overrides", default="", help='rl-gap fit overrides for every run, e.g. "--trainer.max_epochs 2"'
+    )  # fmt: skip
+    parser.add_argument(
+        "--trial-command",
+        default=None,
+        help='run each training as a child process: this command + "fit ..." '
+        '(e.g. "torchrun --nproc_per_node 8 -m rl_gap.cli"); default: in this process',
+    )
+    parser.add_argument(
+        "--wandb", choices=("auto", "online", "offline", "off"), default="auto",
+        help="W&B logging of every run, one group per sweep (auto: offline without an API key)",
+    )  # fmt: skip
+
+
+def runner_from_args(args: argparse.Namespace, group: str) -> Runner:
+    if args.num_seeds < 1:
+        raise ValueError(f"--num-seeds must be >= 1, got {args.num_seeds}")
+    return Runner(
+        command=Runner.parse_command(args.trial_command),
+        wandb=args.wandb,
+        group=group,
+        overrides=shlex.split(args.overrides),
+    )
+
+
+def run_grid(
+    runner: Runner, settings: Sequence[Setting], output: Path, seeds: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Train every setting with every seed; one row per run: labels, seed, gAP, mAP, ..."""
+    rows = []
+    for setting in settings:
+        for seed in seeds:
+            run_dir = output / setting.path / f"seed_{seed}"
+            metrics = runner.run(setting.recipe, run_dir, seed, list(setting.overrides))
+            rows.append({**setting.labels, "seed": seed, **metric_row(metrics)})
+    return rows

@@ -1,0 +1,141 @@
+"""The gSAP paper's hyper-parameter studies as sweeps with a table and a plot.
+
+- :func:`neg_drop_main` (``scripts/study_neg_drop.py``): gAP and mAP against
+  the negative-dropping rate α (the α fraction of lowest-similarity negatives
+  of every batch removed before the loss; the paper's Figure 2 / Table M, α up
+  to 99.9%).
+- :func:`temperature_main` (``scripts/study_temperature.py``): gAP and mAP
+  against the temperature τ for each loss (the paper's §B.3: gAP plateaus
+  for τ ≤ 0.01 and collapses for τ ≥ 0.1).
+
+Each trains every setting with ``--num-seeds`` seeds through the training CLI
+(:mod:`rl_gap.experiments.grid`), then writes ``<name>.csv`` (mean ± std per
+setting, every metric), ``<name>_runs.csv`` (one row per run), ``<name>.md``
+and ``<name>.png`` to ``--output``, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_gap.experiments.grid import Setting, add_grid_arguments, run_grid, runner_from_args
+from rl_gap.experiments.runner import recipe_loss
+from rl_gap.experiments.tables import aggregate, settings_metrics_table, write_csv
+
+ALPHAS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)
+TEMPERATURES = (1e-4, 1e-3, 1e-2, 5e-2, 1e-1, 5e-1)
+
+
+def _demo(*losses: str) -> list[str]:
+    return [f"recipes/demo/mnist_{loss}.yaml" for loss in losses]
+
+
+def _finish(
+    name: str, out: Path, rows: list[dict], by: list[str], seconds: float, plot_fn
+) -> list[dict[str, Any]]:
+    agg = aggregate(rows, by)
+    write_csv(out / f"{name}_runs.csv", rows)
+    write_csv(out / f"{name}.csv", agg)
+    table = settings_metrics_table(agg, by)
+    png = plot_fn(agg, out / f"{name}.png")
+    (out / f"{name}.md").write_text(f"# {name}\n\n{table}\n\n![{name}]({png.name})\n")
+    print(f"\n{table}\n\nwall time {seconds:.0f} s; {out / f'{name}.csv'}, {png}")
+    return agg
+
+
+def plot_against(
+    agg: Sequence[dict[str, Any]],
+    x: str,
+    path: Path,
+    xlabel: str,
+    transform=lambda v: v,
+    tick_labels: bool = False,
+) -> Path:
+    """gAP and mAP (mean ± std, %) against ``x``, one line per loss, log x axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    losses = list(dict.fromkeys(r["loss"] for r in agg))
+    for ax, metric in zip(axes, ("gAP", "mAP")):
+        for loss in losses:
+            pts = sorted((transform(r[x]), r) for r in agg if r["loss"] == loss)
+            xs = [p for p, _ in pts]
+            mean = [100 * r[f"{metric}_mean"] for _, r in pts]
+            std = [100 * r[f"{metric}_std"] for _, r in pts]
+            ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=loss)
+        ax.set_xscale("log")
+        if tick_labels:  # label the points with the setting's own value (α, not 1 − α)
+            values = sorted({(transform(r[x]), r[x]) for r in agg})
+            ax.set_xticks([t for t, _ in values], [f"{v:g}" for _, v in values])
+            ax.minorticks_off()
+            ax.invert_xaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{metric} (%)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------ negative dropping
+def neg_drop_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Negative-dropping sweep: gAP/mAP vs α; returns the aggregated rows."""
+    parser = argparse.ArgumentParser(description=neg_drop_main.__doc__)
+    add_grid_arguments(parser, _demo("gsap"))
+    parser.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS))
+    args = parser.parse_args(argv)
+    for a in args.alphas:
+        if not 0.0 <= a < 1.0:
+            raise ValueError(f"--alphas must be in [0, 1), got {a}")
+    out = Path(args.output or "runs/studies/neg_drop").resolve()
+    settings = [
+        Setting({"loss": recipe_loss(r), "alpha": a}, r,
+                ("--model.init_args.loss.neg_drop", repr(a)), f"{recipe_loss(r)}/alpha_{a:g}")
+        for r in args.recipes for a in args.alphas
+    ]  # fmt: skip
+    start = time.perf_counter()
+    rows = run_grid(runner_from_args(args, "neg_drop"), settings, out, _seeds(args))
+    return _finish(
+        "neg_drop", out, rows, ["loss", "alpha"], time.perf_counter() - start,
+        lambda agg, path: plot_against(
+            agg, "alpha", path, "α, fraction of negatives dropped (log scale of 1 − α)",
+            transform=lambda a: 1.0 - a, tick_labels=True,
+        ),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------ temperature
+def temperature_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Temperature sweep: gAP/mAP vs τ per loss; returns the aggregated rows."""
+    parser = argparse.ArgumentParser(description=temperature_main.__doc__)
+    add_grid_arguments(parser, _demo("gsap", "msap"))
+    parser.add_argument("--temperatures", type=float, nargs="+", default=list(TEMPERATURES))
+    args = parser.parse_args(argv)
+    for t in args.temperatures:
+        if not t > 0:
+            raise ValueError(f"--temperatures must be > 0, got {t}")
+    out = Path(args.output or "runs/studies/temperature").resolve()
+    settings = [
+        Setting({"loss": recipe_loss(r), "tau": t}, r,
+                ("--model.init_args.loss.temperature", repr(t)), f"{recipe_loss(r)}/tau_{t:g}")
+        for r in args.recipes for t in args.temperatures
+    ]  # fmt: skip
+    start = time.perf_counter()
+    rows = run_grid(runner_from_args(args, "temperature"), settings, out, _seeds(args))
+    return _finish(
+        "temperature", out, rows, ["loss", "tau"], time.perf_counter() - start,
+        lambda agg, path: plot_against(agg, "tau", path, "temperature τ (log)"),
+    )  # fmt: skip
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    return [args.seed + i for i in range(args.num_seeds)]
