@@ -59,6 +59,18 @@ def test_truncated_image_errors_name_the_file(tmp_path):
         ds[0]
 
 
+def test_truncated_image_in_an_ssl_image_folder_names_the_file(tmp_path):
+    from rl_gap.data.ssl_imagefolder import ImageFolderSSLDataModule
+
+    for split in ("train", "val"):
+        (tmp_path / split / "cat").mkdir(parents=True)
+        truncated_jpeg(tmp_path / split / "cat" / "cut.jpg")
+    data = ImageFolderSSLDataModule(str(tmp_path / "train"), str(tmp_path / "val"), image_size=16)
+    data.setup("fit")
+    with pytest.raises(OSError, match=r"cannot read image .*train/cat/cut\.jpg"):
+        data.train_set[0]
+
+
 def test_class_folders_1_and_01_stay_two_classes(tmp_path):
     for name, value in (("1", 10), ("01", 20), ("2", 30)):
         (tmp_path / name).mkdir()

@@ -18,6 +18,7 @@ from torch.utils.data import Subset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from rl_gap.data.ml_layouts import open_rgb
 from rl_gap.data.ssl import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -103,8 +104,9 @@ class ImageFolderSSLDataModule(SSLDataModule):
     def setup(self, stage: str | None = None) -> None:
         train_root = check_image_folder(self.train_dir)
         val_root = check_image_folder(self.val_dir)
-        train = ImageFolder(str(train_root))
-        val = ImageFolder(str(val_root))
+        # open_rgb: a corrupt or truncated file raises an error naming its path
+        train = ImageFolder(str(train_root), loader=open_rgb)
+        val = ImageFolder(str(val_root), loader=open_rgb)
         unknown = sorted(set(val.classes) - set(train.classes))
         if unknown:
             raise ValueError(
