@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if words else 2
     if words[0] in COMMANDS:
         return _run_command(words[0], words[1:])
+    if not words[0].startswith("-") and words[0] not in TRAINING_COMMANDS:
+        # LightningCLI's own error would list only the training commands
+        print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
+        return 2
     from rl_gap.training_cli import run_lightning_cli
 
     # LightningCLI reads sys.argv itself when called from the console script.

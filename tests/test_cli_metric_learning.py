@@ -59,8 +59,9 @@ def test_typo_on_command_line_is_rejected(capsys):
     with pytest.raises(SystemExit):
         _parse(["--config", str(DEMO["gsap"]), "--trainer.max_epoch", "3"])
     assert "max_epoch" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="unknown loss 'gsp'"):
+    with pytest.raises(SystemExit):
         _parse(["--config", str(DEMO["gsap"]), "--model.loss.name", "gsp"])
+    assert "unknown loss name 'gsp'" in capsys.readouterr().err
 
 
 def test_bad_dataset_path_names_path_and_layout(tmp_path):
@@ -84,12 +85,17 @@ def test_outputs_csv_wandb_offline_checkpoints(run_dir, capsys, monkeypatch):
          "--trainer.limit_val_batches", "1", "--trainer.check_val_every_n_epoch", "1",
          "--data.init_args.eval_batch_size", "100", "--model.init_args.eval_plots", "false"]
     )  # fmt: skip
-    root = run_dir / "demo" / "mnist_gsap"
-    assert Path(cli.trainer.default_root_dir) == root
+    root = Path(cli.trainer.default_root_dir)
+    # overrides that change training: a folder of their own under the recipe's
+    assert root.parent == run_dir / "demo" / "mnist_gsap" and root.name.startswith("seed0-")
     header, row = (root / "version_0" / "metrics.csv").read_text().splitlines()
     metrics = dict(zip(header.split(","), row.split(",")))
     assert 0 < float(metrics["val/gap"]) < 1 and float(metrics["val/num_queries"]) == 100
-    assert (root / "version_0" / "config.yaml").is_file()
+    assert (
+        yaml.safe_load((root / "version_0" / "config.yaml").read_text())["trainer"]["max_epochs"]
+        == 1
+    )
+    assert (root / "wandb_id").is_file()
     assert (root / "checkpoints" / "last.ckpt").is_file()
     offline = list((root / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, "W&B must run offline inside the run folder"
@@ -101,7 +107,12 @@ def test_run_dir_naming():
     assert run_dir_for(["recipes/metric_learning/sop_gsap.yaml"], "runs", None) == Path(
         "runs/metric_learning/sop_gsap"
     )
-    assert run_dir_for(["a/b.yaml"], "out", "mine") == Path("out/mine")
+    assert run_dir_for(["recipes/metric_learning/sop_gsap.yaml"], "runs", None, 0) == Path(
+        "runs/metric_learning/sop_gsap/seed0"
+    )
+    assert run_dir_for(["a/b.yaml"], "out", None, 2, "0123abcd") == Path("out/a/b/seed2-0123abcd")
+    assert run_dir_for(["a/b.yaml"], "out", None, False) == Path("out/a/b/noseed")
+    assert run_dir_for(["a/b.yaml"], "out", "mine", 0, "0123abcd") == Path("out/mine")
 
 
 @pytest.mark.parametrize(
@@ -125,4 +136,6 @@ def test_recipe_checkpoint_goes_to_the_run_folder(tmp_path):
     cli = _parse(["--config", str(recipe), "--output_dir", str(tmp_path), *cpu])
     (ckpt,) = cli.trainer.checkpoint_callbacks
     assert ckpt.monitor == "val/gap" and ckpt.save_last
-    assert ckpt.dirpath == str(tmp_path / "metric_learning" / "sop_gsap" / "checkpoints")
+    root = Path(cli.trainer.default_root_dir)
+    assert root.parent == tmp_path / "metric_learning" / "sop_gsap"
+    assert ckpt.dirpath == str(root / "checkpoints")

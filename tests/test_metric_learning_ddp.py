@@ -1,5 +1,7 @@
 """One training epoch with 2 CPU processes (DDP, gloo): global m-per-class batches, gathered loss."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -38,6 +40,6 @@ def test_two_process_ddp_epoch(run_dir):
     # both ranks' 60 validation images were gathered: 120 leave-one-out queries
     assert float(metrics["val/num_queries"]) == 120
     last = torch.load(
-        run_dir / "demo" / "mnist_gsap" / "checkpoints" / "last.ckpt", weights_only=False
+        Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", weights_only=False
     )
     assert last["global_step"] == 3

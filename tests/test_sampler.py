@@ -1,11 +1,15 @@
-"""MPerClassBatchSampler: m per class in the *global* batch under DDP; ShardSampler coverage."""
+"""MPerClassBatchSampler: m per class in the *global* batch under DDP, epochs through Lightning,
+mid-epoch resume (ResumableBatchLoader); ShardSampler coverage."""
 
 from collections import Counter
 
 import pytest
 import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
+from lightning.fabric.utilities.types import _Stateful
+from torch.utils.data import TensorDataset
 
-from rl_gap.data.sampler import MPerClassBatchSampler, ShardSampler
+from rl_gap.data.sampler import MPerClassBatchSampler, ResumableBatchLoader, ShardSampler
 
 
 def _labels(sizes):
@@ -107,3 +111,75 @@ def test_shard_sampler_covers_each_item_once():
     shards = [list(ShardSampler(11, 3, r)) for r in range(3)]
     assert sorted(i for s in shards for i in s) == list(range(11))
     assert [len(ShardSampler(11, 3, r)) for r in range(3)] == [4, 4, 3]
+
+
+def _epoch_batches(labels, epoch, **kwargs):
+    """Reference: a fresh sampler told the epoch directly."""
+    ref = MPerClassBatchSampler(labels, **kwargs)
+    ref.set_epoch(epoch)
+    return list(ref)
+
+
+SAMPLER = dict(batch_size=12, m_per_class=3, seed=5, batches_per_epoch=6)
+
+
+def test_lightning_set_epoch_reaches_the_batch_sampler():
+    # Lightning calls set_epoch on loader.sampler and loader.batch_sampler.sampler only
+    labels = _labels([10] * 6)
+    loader = ResumableBatchLoader(
+        TensorDataset(torch.arange(len(labels))),
+        batch_sampler=MPerClassBatchSampler(labels, **SAMPLER),
+    )
+    seen = {}
+    for epoch in (0, 1, 2):
+        _set_sampler_epoch(loader, epoch)
+        seen[epoch] = [b[0].tolist() for b in loader]
+        assert seen[epoch] == _epoch_batches(labels, epoch, **SAMPLER)
+    assert seen[0] != seen[1] != seen[2]
+
+
+def test_sampler_resume_skips_the_done_batches_of_that_epoch_only():
+    labels = _labels([7, 9, 12, 8, 10, 6])
+    full = _epoch_batches(labels, 3, **SAMPLER)
+    sampler = MPerClassBatchSampler(labels, **SAMPLER)
+    sampler.resume(3, 4)
+    assert list(sampler) == full[4:]
+    assert list(sampler) == full  # the skip applies once
+    # a checkpoint from the end of epoch 3: Lightning moves on with set_epoch(4)
+    sampler.resume(3, 6)
+    sampler.set_epoch(4)
+    assert list(sampler) == _epoch_batches(labels, 4, **SAMPLER)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_state_counts_served_batches_and_resumes_exactly(num_workers):
+    labels = _labels([10] * 6)
+    dataset = TensorDataset(torch.arange(len(labels)))
+
+    def loader():
+        return ResumableBatchLoader(
+            dataset,
+            batch_sampler=MPerClassBatchSampler(labels, **SAMPLER),
+            num_workers=num_workers,
+        )
+
+    interrupted = loader()
+    assert isinstance(interrupted, _Stateful)  # what Lightning checks to save the state
+    _set_sampler_epoch(interrupted, 2)
+    it = iter(interrupted)
+    done = [next(it)[0].tolist() for _ in range(2)]
+    # workers prefetch several batches; the state counts only the two served
+    state = interrupted.state_dict()
+    assert state == {"epoch": 2, "batches_done": 2}
+    del it
+
+    # a new process, in Lightning's order: iter() when the loader is built, the
+    # checkpoint's state at on_train_start, set_epoch at the epoch start, then batches
+    resumed = loader()
+    it = iter(resumed)
+    resumed.load_state_dict(state)
+    _set_sampler_epoch(resumed, 2)
+    rest = [next(it)[0].tolist() for _ in range(2)]
+    assert resumed.state_dict() == {"epoch": 2, "batches_done": 4}
+    rest += [b[0].tolist() for b in it]
+    assert done + rest == _epoch_batches(labels, 2, **SAMPLER)

@@ -2,7 +2,7 @@
 
     rl-gap knn --checkpoint runs/.../last.ckpt --data imagefolder \\
         --train-dir /data/imagenet/train --val-dir /data/imagenet/val --k 10 20 100 200
-    rl-gap knn --checkpoint runs/demo/mnist_moco_gsap/checkpoints/last.ckpt --data mnist5k
+    rl-gap knn --checkpoint runs/demo/mnist_moco_gsap/seed0/checkpoints/last.ckpt --data mnist5k
 
 The training images (evaluation transform, no augmentation) form the labelled
 bank, the validation images are classified (Wu et al. 2018; DINO's protocol:

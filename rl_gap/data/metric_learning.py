@@ -27,7 +27,7 @@ from rl_gap.data.ml_layouts import (
     read_inat,
     read_sop,
 )
-from rl_gap.data.sampler import MPerClassBatchSampler, ShardSampler
+from rl_gap.data.sampler import MPerClassBatchSampler, ResumableBatchLoader, ShardSampler
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -264,7 +264,7 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
             seed=self.seed,
             batches_per_epoch=self.batches_per_epoch,
         )
-        return DataLoader(
+        return ResumableBatchLoader(  # its position is checkpointed: exact mid-epoch resume
             dataset,
             batch_sampler=sampler,
             num_workers=self.num_workers,

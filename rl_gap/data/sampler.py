@@ -6,14 +6,21 @@ loss would not have m images per class. Here every rank draws the same global
 batch from a generator seeded by ``(seed, epoch)`` and keeps its own slice, so
 the ranks see disjoint samples, step the same number of batches (DDP would
 hang otherwise) and their union is exactly the single-process batch.
+
+Resuming mid-epoch: :class:`ResumableBatchLoader` is the training DataLoader
+over that sampler; Lightning stores its ``state_dict()`` (the epoch and the
+number of batches the training loop consumed) in every checkpoint and hands it
+back through ``load_state_dict`` before iterating again, so a run resumed from a
+step or SIGTERM checkpoint sees exactly the batches the uninterrupted run would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 
 def _as_label_tensor(labels: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -25,6 +32,16 @@ def _as_label_tensor(labels: Sequence[int] | torch.Tensor) -> torch.Tensor:
     if labels.dtype.is_floating_point or labels.dtype == torch.bool:
         raise ValueError(f"labels must be integers, got {labels.dtype}")
     return labels.long()
+
+
+class _EpochForwarder:
+    """``set_epoch`` target handed to Lightning as ``batch_sampler.sampler``."""
+
+    def __init__(self, owner: MPerClassBatchSampler) -> None:
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
 
 
 class MPerClassBatchSampler(Sampler[list[int]]):
@@ -92,17 +109,41 @@ class MPerClassBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.epoch = 0
         self.num_batches = batches_per_epoch or max(1, len(labels) // batch_size)
+        # (epoch, batches to skip) restored from a checkpoint, applied by the next iteration
+        self._pending: tuple[int, int] | None = None
+        # (epoch, first batch) of the running iteration
+        self.position: tuple[int, int] = (0, 0)
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning at every epoch start: new batches, same on every rank."""
         self.epoch = epoch
 
+    @property
+    def sampler(self) -> _EpochForwarder:
+        """Lightning calls ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``
+        only (never on the batch sampler itself); this forwards the call here, so
+        every epoch draws new batches."""
+        return _EpochForwarder(self)
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Make the next iteration continue ``epoch`` after its first ``batches_done`` batches.
+
+        Applied only if that iteration runs ``epoch`` (after a checkpoint taken at
+        the end of an epoch Lightning moves on with ``set_epoch(epoch + 1)``, and
+        the next epoch starts from its first batch).
+        """
+        if epoch < 0 or batches_done < 0:
+            raise ValueError(f"invalid resume position epoch={epoch}, batches={batches_done}")
+        self.epoch = int(epoch)
+        self._pending = (int(epoch), int(batches_done))
+
     def __len__(self) -> int:
         return self.num_batches
 
-    def global_batches(self) -> Iterator[list[int]]:
-        """The epoch's global batches (identical on every rank)."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+    def global_batches(self, epoch: int | None = None) -> Iterator[list[int]]:
+        """The global batches of ``epoch`` (default ``self.epoch``), identical on every rank."""
+        epoch = self.epoch if epoch is None else epoch
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         queues: list[list[int]] = [[] for _ in self.members]
         m = self.m_per_class
         for _ in range(self.num_batches):
@@ -123,10 +164,79 @@ class MPerClassBatchSampler(Sampler[list[int]]):
             yield batch
 
     def __iter__(self) -> Iterator[list[int]]:
+        # a generator: this body runs at the first ``next``, after Lightning's ``set_epoch``
+        epoch, skip = self.epoch, 0
+        if self._pending is not None:
+            if self._pending[0] == epoch:
+                skip = self._pending[1]
+            self._pending = None
+        self.position = (epoch, skip)
         local = self.batch_size // self.num_replicas
         start = self.rank * local
-        for batch in self.global_batches():
-            yield batch[start : start + local]
+        for i, batch in enumerate(self.global_batches(epoch)):
+            if i >= skip:  # skipped batches are still drawn: the generator state must match
+                yield batch[start : start + local]
+
+
+class _CountingIterator:
+    """Creates the DataLoader's iterator at the first ``next`` and counts what it served."""
+
+    def __init__(self, loader: ResumableBatchLoader) -> None:
+        self.loader = loader
+        self.inner: Iterator[Any] | None = None
+
+    def __iter__(self) -> _CountingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.inner is None:
+            # created lazily so that worker prefetching draws batches only after set_epoch
+            self.inner = DataLoader.__iter__(self.loader)
+        batch = next(self.inner)
+        run = self.loader._run
+        if run is None:  # the sampler has started this iteration: its position is known
+            epoch, start = self.loader.batch_sampler.position
+            run = self.loader._run = [epoch, start, 0]
+        run[2] += 1
+        return batch
+
+
+class ResumableBatchLoader(DataLoader):
+    """Training DataLoader over a :class:`MPerClassBatchSampler` with a checkpointable position.
+
+    Lightning saves ``state_dict()`` with the training loop's state (any loader
+    with ``state_dict``/``load_state_dict``) and calls ``load_state_dict`` before
+    the resumed run iterates. The count is of batches *served to the training
+    loop* (worker prefetching does not inflate it), so it equals the loop's
+    finished steps of the epoch whenever a checkpoint is written after a step.
+    Constructed like a ``DataLoader`` with ``batch_sampler=MPerClassBatchSampler(...)``.
+    """
+
+    _run: list[int] | None = None  # [epoch, first batch, batches served] of the current iteration
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if not isinstance(self.batch_sampler, MPerClassBatchSampler):
+            raise TypeError(
+                "ResumableBatchLoader needs batch_sampler=MPerClassBatchSampler(...), got "
+                f"{type(self.batch_sampler).__name__}"
+            )
+        self._run = None
+        return _CountingIterator(self)
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "batches_done"}``: where the next batch of the training loop is."""
+        if self._run is None:
+            sampler = self.batch_sampler
+            return {"epoch": int(getattr(sampler, "epoch", 0)), "batches_done": 0}
+        epoch, start, served = self._run
+        return {"epoch": epoch, "batches_done": start + served}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a :meth:`state_dict` (called by Lightning when resuming)."""
+        missing = {"epoch", "batches_done"} - set(state)
+        if missing:
+            raise KeyError(f"loader state lacks {sorted(missing)}: got {sorted(state)}")
+        self.batch_sampler.resume(int(state["epoch"]), int(state["batches_done"]))
 
 
 class ShardSampler(Sampler[int]):
