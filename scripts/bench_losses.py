@@ -17,10 +17,21 @@ the libraries were initialised on a tiny batch:
   if the reset is unavailable). Measured on the first run because a later
   run may reuse memory the allocator kept, which RSS would not show again.
 
+With ``--paired`` each worker also times InfoNCE at the same τ, alternating
+step by step with the loss, and ``x_infonce`` (suffix ``p``) is the median of
+those per-step ratios: on a shared machine the load changes between
+processes far more than between two consecutive steps of one process.
+
 Examples:
     python scripts/bench_losses.py                                  # B 256..2048
     python scripts/bench_losses.py --batch-sizes 512 1024 2048 4096 \\
         --temperatures 1e-4 1e-3 1e-2 1e-1 --losses gsap msap infonce --impls exact fast
+    # the other AP surrogates, per-query and global (docs/losses.md):
+    python scripts/bench_losses.py --batch-sizes 1024 2048 --losses infonce softbin \
+        gsoftbin blackbox gblackbox supap gsupap
+    # fast gSAP with negative dropping (the table in docs/fast_gsap.md):
+    python scripts/bench_losses.py --batch-sizes 2048 4096 --losses gsap infonce \\
+        --impls fast --neg-drop 0 0.5 0.9 0.95 0.99 --paired --reps 3
 """
 
 from __future__ import annotations
@@ -38,6 +49,15 @@ import torch
 
 DIM = 128
 PER_CLASS = 4
+
+
+def takes_temperature(loss: str) -> bool:
+    """Whether the registered loss has a ``temperature`` (SigLIP, SoftBin, BlackBox do not)."""
+    import inspect
+
+    from rl_gap.losses import get_loss_class
+
+    return "temperature" in inspect.signature(get_loss_class(loss).__init__).parameters
 
 
 def loss_kwargs(loss: str, impl: str | None, temperature: float | None, neg_drop: float) -> dict:
@@ -93,12 +113,12 @@ def measure(config: dict) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def run_once(emb, rel, valid) -> float:
+    def run_once(emb, rel, valid, fn=None) -> float:
         emb.grad = None
         sync()
         start = time.perf_counter()
         sim = emb @ emb.T
-        loss = loss_fn(sim, rel, valid)
+        loss = (fn or loss_fn)(sim, rel, valid)
         loss.backward()
         sync()
         return time.perf_counter() - start
@@ -121,13 +141,25 @@ def measure(config: dict) -> dict:
     else:
         peak = _peak_rss_bytes(reset_ok) - base
     times = []
+    paired = []
+    if config.get("paired"):
+        # InfoNCE at the same τ timed in this process, alternating with the loss: on a
+        # shared machine the load drifts between processes, much less within one run.
+        reference = build_loss("infonce", temperature=config["temperature"] or 0.05).to(device)
+        run_once(*inputs, fn=reference)  # its warmup
     if warm <= config["max_seconds"]:
-        times = [run_once(*inputs) for _ in range(config["reps"])]
-    return {
+        for _ in range(config["reps"]):
+            times.append(run_once(*inputs))
+            if config.get("paired"):
+                paired.append(times[-1] / run_once(*inputs, fn=reference))
+    result = {
         "seconds": statistics.median(times) if times else warm,
         "reps": len(times),
         "peak_mib": peak / 2**20,
     }
+    if paired:
+        result["paired_ratio"] = statistics.median(paired)
+    return result
 
 
 def run_in_subprocess(config: dict) -> dict:
@@ -165,22 +197,26 @@ def build_configs(args: argparse.Namespace) -> list[dict]:
     configs = []
     for batch in args.batch_sizes:
         for loss in args.losses:
-            temps = [None] if loss == "siglip" else args.temperatures
+            temps = args.temperatures if takes_temperature(loss) else [None]
             for temperature in temps:
                 for impl in impls if loss == "gsap" else [None]:
-                    configs.append(
-                        {
-                            "loss": loss,
-                            "label": f"{loss}-{impl}" if impl else loss,
-                            "impl": impl,
-                            "temperature": temperature,
-                            "batch": batch,
-                            "device": args.device,
-                            "reps": args.reps,
-                            "max_seconds": args.max_seconds,
-                            "kwargs": loss_kwargs(loss, impl, temperature, args.neg_drop),
-                        }
-                    )
+                    drops = args.neg_drop if loss in ("gsap", "msap") else [0.0]
+                    for neg_drop in drops:
+                        label = f"{loss}-{impl}" if impl else loss
+                        configs.append(
+                            {
+                                "loss": loss,
+                                "label": f"{label} a={neg_drop:g}" if neg_drop else label,
+                                "impl": impl,
+                                "temperature": temperature,
+                                "batch": batch,
+                                "device": args.device,
+                                "reps": args.reps,
+                                "max_seconds": args.max_seconds,
+                                "paired": args.paired and loss != "infonce",
+                                "kwargs": loss_kwargs(loss, impl, temperature, neg_drop),
+                            }
+                        )
     return configs
 
 
@@ -192,22 +228,25 @@ def format_table(rows: list[dict]) -> str:
             if row["temperature"] is not None:
                 reference[(row["batch"], row["temperature"])] = row
     header = (
-        f"{'loss':<12} {'tau':>7} {'B':>5} {'time_s':>9} {'x_infonce':>9} "
+        f"{'loss':<18} {'tau':>7} {'B':>5} {'time_s':>9} {'x_infonce':>9} "
         f"{'peak_MiB':>9} {'x_infonce':>9} {'reps':>4}"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
         tau = "-" if row["temperature"] is None else f"{row['temperature']:g}"
         if "error" in row:
-            lines.append(f"{row['label']:<12} {tau:>7} {row['batch']:>5}  ERROR {row['error']}")
+            lines.append(f"{row['label']:<18} {tau:>7} {row['batch']:>5}  ERROR {row['error']}")
             continue
         ref = reference.get((row["batch"], row["temperature"])) or reference.get(row["batch"])
-        t_ratio = f"{row['seconds'] / ref['seconds']:.1f}" if ref else "-"
+        if "paired_ratio" in row:
+            t_ratio = f"{row['paired_ratio']:.2f}p"
+        else:
+            t_ratio = f"{row['seconds'] / ref['seconds']:.2f}" if ref else "-"
         m_ratio = (
             f"{row['peak_mib'] / ref['peak_mib']:.1f}" if ref and ref["peak_mib"] > 0.5 else "-"
         )
         lines.append(
-            f"{row['label']:<12} {tau:>7} {row['batch']:>5} {row['seconds']:>9.3f} "
+            f"{row['label']:<18} {tau:>7} {row['batch']:>5} {row['seconds']:>9.3f} "
             f"{t_ratio:>9} {row['peak_mib']:>9.1f} {m_ratio:>9} {row['reps']:>4}"
         )
     return "\n".join(lines)
@@ -226,7 +265,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["gsap", "msap", "infonce", "siglip"],
         help="registered loss names to time",
     )
-    parser.add_argument("--neg-drop", type=float, default=0.0, help="gsap/msap neg_drop")
+    parser.add_argument(
+        "--neg-drop",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="gsap/msap neg_drop rate(s) α; one row per rate",
+    )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="time InfoNCE (same τ) alternately in each worker: x_infonce is the median of "
+        "per-step ratios measured in one process (robust to load on a shared machine)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--reps", type=int, default=3, help="timed runs after one warmup")
     parser.add_argument(
