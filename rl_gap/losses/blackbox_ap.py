@@ -100,7 +100,14 @@ def blackbox_ap(
     shifted = scores - margin * positive.to(scores.dtype) if margin else scores
     ranks = blackbox_rank(shifted, valid, lambda_val)
     count = valid.sum(1, keepdim=True).to(scores.dtype)
-    rank_pos = pessimistic_ranks(shifted, positive).to(scores.dtype)
+    if scores.shape[0] == 1:  # one long list (global loss): sort only the positives
+        rank_pos = torch.zeros_like(shifted)
+        pos_scores = shifted[positive][None]
+        rank_pos[positive] = pessimistic_ranks(
+            pos_scores, torch.ones_like(pos_scores, dtype=torch.bool)
+        )[0].to(scores.dtype)
+    else:
+        rank_pos = pessimistic_ranks(shifted, positive).to(scores.dtype)
     precision = torch.where(positive, rank_pos / (ranks * count), torch.zeros_like(ranks))
     return precision.sum(1) / positive.sum(1).to(scores.dtype)
 

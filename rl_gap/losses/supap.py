@@ -43,6 +43,7 @@ from rl_gap.losses.ap_surrogate import (
 )
 from rl_gap.losses.common import check_temperature
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.supap_flat import supap_one_list
 
 # Elements of one (chunk × D) comparison block: 2^22 float32 = 16 MiB; the
 # sweep holds about four such blocks at a time.
@@ -75,55 +76,41 @@ def _supap_sweep(
     """SupAP of every row and (optionally) ∂SupAP_r/∂scores[r, :] (R, D).
 
     Anchors (the positives of all rows, row-major) are processed in chunks;
-    each chunk compares its anchors with the negatives of their rows. A
-    one-row input compares against the compacted negatives (no mask).
+    each chunk compares its anchors with the (masked) items of their rows. A
+    one-row input (the global loss) goes to ``supap_one_list``, which sums the
+    linear part of H⁻ exactly by sorting and needs about half the passes.
     """
-    num_rows, width = scores.shape
+    if scores.shape[0] == 1:
+        ap, grad = supap_one_list(
+            scores[0], positive[0], negative[0], params, chunk_size, with_grad
+        )
+        return ap[None], None if grad is None else grad[None]
     dtype = scores.dtype
     anchors = positive.nonzero()
     rows, cols = anchors[:, 0], anchors[:, 1]
     anchor_scores = scores[rows, cols]
     weight = 1.0 / positive.sum(1).to(dtype)[rows]  # 1/|P_r| of each anchor's row
-    if num_rows == 1:
-        everyone = torch.ones(1, rows.numel(), dtype=torch.bool, device=scores.device)
-        rank_pos = pessimistic_ranks(anchor_scores[None], everyone)[0]
-        neg_cols = negative[0].nonzero()[:, 0]
-        items, mask = scores[:, neg_cols], None
-    else:
-        rank_pos = pessimistic_ranks(scores, positive)[rows, cols]
-        items, mask = scores, negative
-    rank_pos = rank_pos.to(dtype)
-    num_items = items.shape[1]
-    chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, num_items))
-    ap = scores.new_zeros(num_rows)
-    grad_items = torch.zeros_like(items) if with_grad else None
+    rank_pos = pessimistic_ranks(scores, positive)[rows, cols].to(dtype)
+    chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, scores.shape[1]))
+    ap = scores.new_zeros(scores.shape[0])
+    grad = torch.zeros_like(scores) if with_grad else None
     grad_anchor = scores.new_zeros(rows.numel()) if with_grad else None
     for start in range(0, rows.numel(), chunk):
         part = slice(start, min(start + chunk, rows.numel()))
         r = rows[part]
-        block = items.expand(r.numel(), num_items) if mask is None else items[r]
-        value, deriv = h_minus(block - anchor_scores[part, None], *params)
-        if mask is not None:
-            outside = ~mask[r]
-            value.masked_fill_(outside, 0.0)
-            deriv.masked_fill_(outside, 0.0)
+        value, deriv = h_minus(scores[r] - anchor_scores[part, None], *params)
+        outside = ~negative[r]
+        value.masked_fill_(outside, 0.0)
+        deriv.masked_fill_(outside, 0.0)
         rank_all = rank_pos[part] + value.sum(1)
         ap.index_add_(0, r, weight[part] * rank_pos[part] / rank_all)
         if not with_grad:
             continue
         coef = -weight[part] * rank_pos[part] / rank_all.square()  # ∂AP/∂rk⁻ per anchor
         grad_anchor[part] = -coef * deriv.sum(1)
-        if mask is None:
-            grad_items[0] += coef @ deriv
-        else:
-            grad_items.index_add_(0, r, deriv.mul_(coef[:, None]))
+        grad.index_add_(0, r, deriv.mul_(coef[:, None]))
     if not with_grad:
         return ap, None
-    if mask is None:
-        grad = torch.zeros_like(scores)
-        grad[0, neg_cols] = grad_items[0]
-    else:
-        grad = grad_items
     grad.index_put_((rows, cols), grad_anchor, accumulate=True)
     return ap, grad
 
