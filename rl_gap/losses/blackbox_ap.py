@@ -17,8 +17,8 @@ gradient g = ∂L/∂r̃,
 
 i.e. the loss is linearly interpolated between the ranking of s and that of
 the perturbed input (λ > 0 sets the interpolation range; ranks are normalised
-by the list length so λ does not scale with it). As in the paper, only the
-rank among all items is differentiated; ``rk⁺`` is treated as a constant.
+by the list length so λ does not scale with it). Only the rank among all
+items is differentiated; ``rk⁺`` (the order among positives) is a constant.
 
 ``margin`` α ≥ 0 ranks every positive as if its score were α lower (the paper's
 margin: a positive keeps receiving gradient until it leads its negatives by α);
