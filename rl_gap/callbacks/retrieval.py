@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
+from rl_gap.callbacks.selection import guard_model_selection
 from rl_gap.losses import dist
 from rl_gap.metrics.functional.arguments import check_block_size
 from rl_gap.metrics.functional.engine import state_from_embeddings
@@ -157,6 +158,10 @@ class RetrievalEvaluation(Callback):
         self.max_plot_points = max_plot_points
         self._outputs: list[dict[str, torch.Tensor]] = []
         self.last_metrics: dict[str, float] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":  # say what validation is; never select checkpoints on test
+            guard_model_selection(trainer)
 
     # ---------------------------------------------------------------- collect
     def _reset(self, *_: Any) -> None:

@@ -159,6 +159,15 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         super().__init__()
         if not 0.0 <= val_split < 1.0:
             raise ValueError(f"val_split must be in [0, 1), got {val_split}")
+        if queries_per_class is not None and (
+            isinstance(queries_per_class, bool)
+            or not isinstance(queries_per_class, int)
+            or queries_per_class < 1
+        ):
+            raise ValueError(
+                f"queries_per_class must be an integer >= 1 or None (every image a query), "
+                f"got {queries_per_class!r}"
+            )
         if not 0.0 < class_fraction <= 1.0:
             raise ValueError(f"class_fraction must be in (0, 1], got {class_fraction}")
         if images_per_class is not None and images_per_class < 1:
@@ -220,12 +229,26 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         labels = train.labels
         classes = torch.unique(labels)
         g = torch.Generator().manual_seed(self.seed)
-        held = classes[
-            torch.randperm(len(classes), generator=g)[: round(self.val_split * len(classes))]
-        ]
+        count = round(self.val_split * len(classes))
+        if count == 0 or count == len(classes):
+            raise ValueError(
+                f"val_split {self.val_split} of the {len(classes)} training classes holds out "
+                f"{count} (round({self.val_split} x {len(classes)})), leaving "
+                + ("nothing to validate on" if count == 0 else "no class to train on")
+                + ": choose a fraction that keeps classes on both sides, or 0 (validate on test)"
+            )
+        held = classes[torch.randperm(len(classes), generator=g)[:count]]
         is_val = torch.isin(labels, held)
         val = self.build_split("train", train=False)
         return _SubsetDataset(train, ~is_val), _SubsetDataset(val, is_val)
+
+    def validation_source(self) -> str | None:
+        """What validation evaluates: a held-out split of the training classes (its
+        description), or None when validation is the test split (read by
+        ``rl_gap.callbacks.selection``: no checkpoint selection on it)."""
+        if self.val_split <= 0:
+            return None
+        return f"held-out {self.val_split:.0%} of training classes"
 
     def query_indices(self, split: str) -> torch.Tensor | None:
         """Query items of an evaluation split (None = all, leave-one-out)."""
