@@ -58,25 +58,21 @@ def pessimistic_ranks(scores: torch.Tensor, member: torch.Tensor) -> torch.Tenso
     ``rank[r, i] = |{j : member[r, j] and scores[r, j] >= scores[r, i]}|`` (the
     item itself included, so the top item has rank 1; equal scores all get
     the largest rank of their tie group, as exact AP counts them). Non-members
-    get 0. One sort per row plus O(R · D) passes; no gradient.
+    get 0. One sort per row and a sorted-into-sorted ``searchsorted``; no
+    gradient; extra memory a few (R, D) arrays.
 
     Args:
         scores: (R, D) finite float scores.
         member: (R, D) bool, the items of each row's list.
 
     Returns:
-        (R, D) int64 ranks.
+        (R, D) int32 ranks.
     """
     key = scores.detach().masked_fill(~member, -math.inf)
     sorted_vals, order = key.sort(dim=1, descending=True)
-    width = key.shape[1]
-    # In descending order, a position ends its tie group when the next value
-    # differs; each item's rank is the 1-based position of its group's end.
-    group_end = torch.ones_like(member)
-    group_end[:, :-1] = sorted_vals[:, 1:] != sorted_vals[:, :-1]
-    position = torch.arange(1, width + 1, device=scores.device).expand(key.shape[0], width)
-    end_pos = torch.where(group_end, position, width + 1)
-    rank_sorted = end_pos.flip(1).cummin(1).values.flip(1)
+    ascending = sorted_vals.neg_()  # non-members (+inf) last
+    # |{j : −s_j ≤ −s_i}| = |{j : s_j ≥ s_i}| among members (+inf only counts itself).
+    rank_sorted = torch.searchsorted(ascending, ascending, right=True, out_int32=True)
     ranks = torch.empty_like(rank_sorted).scatter_(1, order, rank_sorted)
     return ranks.masked_fill_(~member, 0)
 
