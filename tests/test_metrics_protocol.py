@@ -94,3 +94,17 @@ def test_protocol_needs_database_labels_for_a_matrix():
     s, rel, valid, labels = _toy()
     with pytest.raises(ValueError, match="database_labels"):
         evaluate_scores(s, rel, valid, query_labels=labels)
+
+
+def test_training_callback_reports_nan_protocol_with_the_reason(caplog):
+    # An evaluation split with one class: the callback's other metrics stand, the
+    # protocol keys are NaN and the log says why (the functional API raises instead).
+    from rl_gap.callbacks.retrieval import evaluation_metrics
+
+    x = torch.nn.functional.normalize(torch.randn(8, 3, dtype=torch.float64), dim=1)
+    labels = torch.zeros(8, dtype=torch.long)
+    with caplog.at_level("WARNING"):
+        out, _ = evaluation_metrics(x, labels, ks=(1,))
+    assert "at least 2" in caplog.text
+    assert all(out[f"protocol_{k}"] != out[f"protocol_{k}"] for k in ("f1g", "r@p90", "f1q"))
+    assert out["gap"] == 1.0 and out["r@1"] == 1.0  # every pair is positive

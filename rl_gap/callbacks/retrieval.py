@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
 from rl_gap.callbacks.selection import guard_model_selection
 from rl_gap.losses import dist
-from rl_gap.metrics.functional.arguments import check_block_size
+from rl_gap.metrics.functional.arguments import check_block_size, precision_tag
 from rl_gap.metrics.functional.engine import state_from_embeddings
 from rl_gap.metrics.functional.ranking import global_f1_from_state
 from rl_gap.metrics.functional.suite import (
@@ -109,21 +109,30 @@ def evaluation_metrics(
     recall_state = None
     if query_positions is not None and ks:
         recall_state = retrieval_state(embeddings, labels, None, block_size)
-    if query_positions is None:
-        halves = embedding_protocol_states(
-            embeddings, None, labels, labels, exclude_self=True, precisions=precisions,
-            seed=protocol_seed, block_size=block_size,
-        )  # fmt: skip
-    else:
-        query_positions = query_positions.to(embeddings.device)
-        halves = embedding_protocol_states(
-            embeddings[query_positions], embeddings, labels[query_positions], labels,
-            query_index=query_positions.cpu(), precisions=precisions, seed=protocol_seed,
-            block_size=block_size,
-        )  # fmt: skip
+    try:
+        if query_positions is None:
+            halves = embedding_protocol_states(
+                embeddings, None, labels, labels, exclude_self=True, precisions=precisions,
+                seed=protocol_seed, block_size=block_size,
+            )  # fmt: skip
+        else:
+            query_positions = query_positions.to(embeddings.device)
+            halves = embedding_protocol_states(
+                embeddings[query_positions], embeddings, labels[query_positions], labels,
+                query_index=query_positions.cpu(), precisions=precisions, seed=protocol_seed,
+                block_size=block_size,
+            )  # fmt: skip
+    except ValueError as error:
+        # e.g. one class in a tiny evaluation split: the other metrics still stand
+        log.warning("threshold protocol not computed (protocol_* = NaN): %s", error)
+        halves = None
     metrics = metrics_from_state(
         state, ks, precisions, map_at, ceiling=False, protocol=halves, recall_state=recall_state
     )
+    if halves is None:
+        keys = ["f1g", "f1q", "threshold_f1"]
+        keys += [f"{k}{precision_tag(p)}" for p in precisions for k in ("r@p", "threshold_p")]
+        metrics.update({f"protocol_{k}": float("nan") for k in keys})
     return metrics, state
 
 
