@@ -1,18 +1,20 @@
 """``rl-gap extrapolate``: predict web-scale mAP@k from saved embeddings of a distractor sample.
 
-Inputs (``.npy`` memory-mapped, or ``.pt`` tensors):
+Inputs (``.npy`` memory-mapped, ``.pt`` tensors, or a folder written by the
+prediction writer holding ``embeddings.npy`` (n, d) and ``labels.npy`` (n,)):
 - ``--queries``      (Q, d) query embeddings;
 - ``--positives``    (P, d) positive embeddings, tied to queries either by
-  ``--positive-query`` (P,) query indices, or by labels
-  (``--query-labels`` (Q,), ``--positive-labels`` (P,): relevant iff equal);
+  ``--positive-query`` (P,) integer query indices, or by labels
+  (``--query-labels`` (Q,), ``--positive-labels`` (P,): relevant iff equal;
+  a folder's ``labels.npy`` serves as these labels unless they are given);
 - ``--distractors``  (S, d) embeddings of an i.i.d. distractor sample (e.g.
   drawn with ``rl_gap.metrics.tail_sampling.sample_mask``); optional
   ``--distractor-ids`` (S,) assign the nested sub-samples by hash, otherwise
   by position (the sample must then be in random order).
 
-Prints a table (sample / count / evt with 95% query-bootstrap intervals and
-the sufficient-budget diagnostic), writes JSON, and with ``--plot`` draws
-predicted mAP@k against gallery size.
+Prints a table (the estimators with 95% query-bootstrap intervals and the
+sufficient-budget diagnostic), writes JSON, and with ``--plot`` draws
+predicted mAP@k against gallery size (after the JSON is written).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import os
 import numpy as np
 import torch
 
-from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
+from rl_gap.metrics.tail import ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
+from rl_gap.metrics.tail_estimate import PREDICTIVE
 from rl_gap.metrics.tail_hardness import TailConfig
 from rl_gap.metrics.tail_rank import RANK_LAWS
 from rl_gap.metrics.tail_sampling import (
@@ -38,15 +41,23 @@ from rl_gap.metrics.tail_sampling import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--queries", required=True, help="(Q, d) query embeddings (.npy or .pt)")
-    parser.add_argument("--positives", required=True, help="(P, d) positive embeddings")
+    parser.add_argument(
+        "--queries",
+        required=True,
+        help="(Q, d) query embeddings (.npy, .pt, or a folder with embeddings.npy + labels.npy)",
+    )
+    parser.add_argument(
+        "--positives", required=True, help="(P, d) positive embeddings (file or folder)"
+    )
     parser.add_argument("--positive-query", help="(P,) index of the query each positive belongs to")
     parser.add_argument(
         "--query-labels", help="(Q,) labels; with --positive-labels: relevant iff equal"
     )
     parser.add_argument("--positive-labels", help="(P,) labels of the positives")
     parser.add_argument(
-        "--distractors", required=True, help="(S, d) embeddings of the i.i.d. distractor sample"
+        "--distractors",
+        required=True,
+        help="(S, d) embeddings of the i.i.d. distractor sample (file or folder)",
     )
     parser.add_argument("--distractor-ids", help="(S,) integer ids: nested sub-samples by hash")
     parser.add_argument(
@@ -55,10 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=1000, help="AP cut-off (mAP@k)")
     parser.add_argument(
         "--estimators",
-        default="sample,count,evt",
-        help="comma-separated subset of sample,count,evt",
+        default="sample,count,evt,tail",
+        help=f"comma-separated subset of {','.join(ESTIMATORS)}",
     )
-    parser.add_argument("--rank-law", default="plugin", choices=RANK_LAWS)
+    parser.add_argument(
+        "--rank-law",
+        default=None,
+        choices=(*RANK_LAWS, PREDICTIVE),
+        help="default: each estimator's own (predictive for tail, plugin otherwise)",
+    )
     parser.add_argument("--n-boot", type=int, default=1000, help="query-bootstrap replicates")
     parser.add_argument(
         "--nested-boot", type=int, default=0, help="nested (queries x sample) bootstrap replicates"
@@ -76,7 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_array(path: str, name: str, layout: str) -> np.ndarray | torch.Tensor:
-    """Load ``.npy`` (memory-mapped) or ``.pt`` (tensor or ndarray)."""
+    """Load ``.npy`` (memory-mapped), ``.pt`` (tensor or ndarray), or a writer folder's embeddings."""
+    if os.path.isdir(path):
+        path = _folder_file(path, "embeddings.npy", name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{name}: no file {path!r} (expected {layout} as .npy or .pt)")
     if path.endswith(".npy"):
@@ -89,6 +107,40 @@ def load_array(path: str, name: str, layout: str) -> np.ndarray | torch.Tensor:
             )
         return obj
     raise ValueError(f"{name}: unsupported file type {path!r}; use .npy or .pt ({layout})")
+
+
+def _folder_file(folder: str, filename: str, name: str) -> str:
+    path = os.path.join(folder, filename)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{name}: folder {folder!r} has no {filename} (a prediction-writer folder holds "
+            "embeddings.npy (n, d) and labels.npy (n,))"
+        )
+    return path
+
+
+def folder_labels(path: str | None, name: str) -> str | None:
+    """``labels.npy`` of a prediction-writer folder given as ``path``; None for a plain file."""
+    if path is None or not os.path.isdir(path):
+        return None
+    return _folder_file(path, "labels.npy", name)
+
+
+def integer_indices(values: np.ndarray, name: str) -> torch.Tensor:
+    """int64 tensor of ``values``; a clear error for non-integer (e.g. float 2.5) entries."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iu":
+        return torch.as_tensor(arr.astype(np.int64))
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            first = arr[bad].ravel()[0]
+            raise ValueError(
+                f"{name} must hold integer indices; found {int(bad.sum())} non-integer "
+                f"value(s), e.g. {first!r} (dtype {arr.dtype}); refusing to truncate them"
+            )
+        return torch.as_tensor(arr.astype(np.int64))
+    raise ValueError(f"{name} must hold integer indices, got dtype {arr.dtype}")
 
 
 def _embeddings(x, name: str, dim: int | None = None) -> None:
@@ -121,26 +173,22 @@ def positive_scores(
 
 def _pairs(args, n_queries: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
     if args.positive_query:
-        owner = torch.as_tensor(
-            np.array(
-                load_array(args.positive_query, "--positive-query", "(P,) ints")
-            )  # copy: memory maps are read-only
-        ).long()
+        owner = integer_indices(
+            np.array(load_array(args.positive_query, "--positive-query", "(P,) ints")),
+            "--positive-query",
+        )
         if owner.shape != (n_pos,) or (
             owner.numel() and (owner.min() < 0 or owner.max() >= n_queries)
         ):
             raise ValueError(f"--positive-query must be ({n_pos},) indices in [0, {n_queries})")
         return owner, torch.arange(n_pos)
-    if args.query_labels and args.positive_labels:
-        ql = torch.as_tensor(
-            np.array(
-                load_array(args.query_labels, "--query-labels", "(Q,) labels")
-            )  # copy: memory maps are read-only
-        )
+    query_labels = args.query_labels or folder_labels(args.queries, "--queries")
+    positive_labels = args.positive_labels or folder_labels(args.positives, "--positives")
+    if query_labels and positive_labels:
+        # np.array copies: memory maps are read-only.
+        ql = torch.as_tensor(np.array(load_array(query_labels, "--query-labels", "(Q,) labels")))
         pl = torch.as_tensor(
-            np.array(
-                load_array(args.positive_labels, "--positive-labels", "(P,) labels")
-            )  # copy: memory maps are read-only
+            np.array(load_array(positive_labels, "--positive-labels", "(P,) labels"))
         )
         if ql.shape != (n_queries,) or pl.shape != (n_pos,):
             raise ValueError(
@@ -149,7 +197,8 @@ def _pairs(args, n_queries: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor
         qi, pj = (ql.view(-1, 1) == pl.view(1, -1)).nonzero(as_tuple=True)
         return qi, pj
     raise ValueError(
-        "tie positives to queries with --positive-query, or --query-labels and --positive-labels"
+        "tie positives to queries with --positive-query, or --query-labels and --positive-labels "
+        "(or pass prediction-writer folders, whose labels.npy are used)"
     )
 
 
@@ -184,6 +233,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown estimators {unknown}; known: {', '.join(ESTIMATORS)}")
     if args.k < 1:
         raise ValueError(f"--k must be >= 1, got {args.k}")
+    for option, value, minimum in (
+        ("--n-boot", args.n_boot, 1), ("--nested-boot", args.nested_boot, 0),
+        ("--block-size", args.block_size, 1), ("--gallery-size", args.gallery_size, 1),
+    ):  # fmt: skip
+        if value < minimum:
+            raise ValueError(f"{option} must be >= {minimum}, got {value}")
+    if args.plot:
+        check_plot_path(args.plot)
     queries_raw = load_array(args.queries, "--queries", "(Q, d) float")
     _embeddings(queries_raw, "queries")
     positives_raw = load_array(args.positives, "--positives", "(P, d) float")
@@ -238,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
             args.rank_law,
             args.n_boot,
             nested_boot=args.nested_boot,
-            budget=name != "sample",
+            budget=name in HARDNESS_ESTIMATORS,
         )
         results[name] = est.to_dict()
     out = {
@@ -251,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
         "measured": predictor.measured(n_boot=min(args.n_boot, 500)),
     }
     _print_table(out)
+    # Results first: a failing plot must never lose them.
+    _write_json(args.json, out)
     if args.plot:
         from rl_gap.metrics.tail_plot import plot_extrapolation
 
@@ -258,11 +317,33 @@ def run(args: argparse.Namespace) -> int:
             predictor, args.gallery_size, args.plot, tuple(estimators), args.rank_law
         )
         print(f"plot written to {args.plot}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-        print(f"results written to {args.json}")
+        _write_json(args.json, out, quiet=True)
     return 0
+
+
+def _write_json(path: str, out: dict, quiet: bool = False) -> None:
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
+    if not quiet:
+        print(f"results written to {path}")
+
+
+def check_plot_path(path: str) -> None:
+    """Raise ValueError unless matplotlib can write ``path``'s extension (checked before any work)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    supported = FigureCanvasBase.get_supported_filetypes()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext not in supported:
+        raise ValueError(
+            f"--plot {path!r}: unsupported image extension {ext or '(none)'!r}; "
+            f"use one of {', '.join(sorted(supported))}"
+        )
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"--plot {path!r}: folder {folder!r} does not exist")
 
 
 def _print_table(out: dict) -> None:

@@ -7,10 +7,22 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl_gap.metrics.tail_bayes import GPDPosterior
 from rl_gap.metrics.tail_hardness import TailFit
 from rl_gap.metrics.tail_rank import RANK_LAWS
 
-ESTIMATORS = ("sample", "count", "evt")
+#: ``rank_law=None`` picks the estimator's own: "predictive" for tail, "plugin" otherwise.
+PREDICTIVE = "predictive"
+
+#: Every ``estimator=`` name. ``tail`` (the default) is the tail-aware estimator
+#: with GPD parameter uncertainty and the predictive rank law (tail_bayes);
+#: ``evt`` the paper's plug-in GPD; ``count`` and ``sample`` its counting and
+#: naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its
+#: homogeneous-hardness and curve-fit baselines (tail_curve).
+ESTIMATORS = ("tail", "evt", "count", "sample", "single_x", "powerlaw", "loguniform")
+DEFAULT_ESTIMATOR = "tail"
+#: Estimators built on per-positive hardness (they have ``hardness`` and the budget diagnostic).
+HARDNESS_ESTIMATORS = ("tail", "evt", "count")
 
 
 @dataclass
@@ -20,14 +32,15 @@ class TailEstimate:
     Attributes:
         map: predicted mAP@k (mean over queries with ≥ 1 positive).
         ci: 95% (``confidence``) percentile interval, bootstrap over queries.
-        per_query: (Q,) float64 per-query AP@k, NaN for excluded queries.
+        per_query: (Q,) float64 per-query AP@k, NaN for excluded queries
+            (all NaN for the curve fits, which predict only the mean).
         estimator, rank_law, gallery_size, k, sample_size: what was predicted.
         n_queries: queries with ≥ 1 positive; n_excluded: queries without.
         hardness: (Q, m) per-positive hardness, positives sorted descending
             (None for ``sample``).
-        tail_ok: (Q,) bool for ``evt``: False where the tail fit was degenerate
-            and the query fell back to counting.
-        fit: the per-query TailFit for ``evt``.
+        tail_ok: (Q,) bool for ``evt``/``tail``: False where the tail fit was
+            degenerate and the query fell back to counting.
+        fit: the per-query TailFit for ``evt``, the GPDPosterior for ``tail``.
         nested_ci: interval of the nested bootstrap (queries and distractor
             sample), when requested; sample_noise_sd: std of the prediction
             over distractor-sample resamples alone.
@@ -46,7 +59,7 @@ class TailEstimate:
     n_excluded: int
     hardness: torch.Tensor | None = None
     tail_ok: torch.Tensor | None = None
-    fit: TailFit | None = None
+    fit: TailFit | GPDPosterior | None = None
     nested_ci: tuple[float, float] | None = None
     sample_noise_sd: float | None = None
     budget: dict | None = field(default=None)
@@ -97,13 +110,25 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def resolve_rank_law(estimator: str, rank_law: str | None) -> str:
+    """The rank law an estimator uses: its own for ``None``; "predictive" only for tail."""
+    if rank_law is None:
+        return PREDICTIVE if estimator == "tail" else "plugin"
+    if rank_law == PREDICTIVE and estimator != "tail":
+        raise ValueError(f"rank_law 'predictive' is the tail estimator's, not {estimator!r}'s")
+    if rank_law not in (*RANK_LAWS, PREDICTIVE):
+        raise ValueError(
+            f"unknown rank_law {rank_law!r}; known: {', '.join((*RANK_LAWS, PREDICTIVE))}"
+        )
+    return rank_law
+
+
 def _check_common(
-    gallery_size: int, sample_size: int, k: int, estimator: str, rank_law: str
+    gallery_size: int, sample_size: int, k: int, estimator: str, rank_law: str | None
 ) -> None:
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
-    if rank_law not in RANK_LAWS:
-        raise ValueError(f"unknown rank_law {rank_law!r}; known: {', '.join(RANK_LAWS)}")
+    resolve_rank_law(estimator, rank_law)
     if int(k) < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if sample_size < 1:

@@ -17,9 +17,9 @@ import math
 import torch
 from torchmetrics import Metric
 
-from rl_gap.metrics.tail import ESTIMATORS, TailEstimate, TailPredictor
+from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, ESTIMATORS, TailEstimate, TailPredictor
+from rl_gap.metrics.tail_estimate import resolve_rank_law
 from rl_gap.metrics.tail_hardness import DEFAULT_CONFIG, TailConfig
-from rl_gap.metrics.tail_rank import RANK_LAWS
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 
 
@@ -44,8 +44,11 @@ class TailExtrapolatedMAP(Metric):
     Args:
         gallery_size: N, the gallery size to predict for.
         k: AP cut-off.
-        estimator: "evt" (tail-aware), "count" or "sample".
-        rank_law: "plugin" (expected ranks) or "binomial"/"poisson" (E[AP@k]).
+        estimator: "tail" (default: tail-aware with parameter uncertainty),
+            "evt" (plug-in GPD), "count", "sample", or a baseline
+            ("single_x", "powerlaw", "loguniform").
+        rank_law: None (the estimator's own), "plugin" (expected ranks) or
+            "binomial"/"poisson" (E[AP@k]).
         n_boot: query-bootstrap replicates for the interval.
         fractions: nested sub-sample fractions kept (for diagnostics).
         block_size: distractors per GEMM block when fed embeddings.
@@ -69,8 +72,8 @@ class TailExtrapolatedMAP(Metric):
         self,
         gallery_size: int,
         k: int = 1000,
-        estimator: str = "evt",
-        rank_law: str = "plugin",
+        estimator: str = DEFAULT_ESTIMATOR,
+        rank_law: str | None = None,
         n_boot: int = 1000,
         fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
         block_size: int = 32768,
@@ -81,8 +84,7 @@ class TailExtrapolatedMAP(Metric):
         super().__init__(**kwargs)
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
-        if rank_law not in RANK_LAWS:
-            raise ValueError(f"unknown rank_law {rank_law!r}; known: {', '.join(RANK_LAWS)}")
+        resolve_rank_law(estimator, rank_law)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if int(gallery_size) < 1:

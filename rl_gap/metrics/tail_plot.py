@@ -13,11 +13,23 @@ import numpy as np
 
 from rl_gap.metrics.tail import TailPredictor
 
-_COLORS = {"sample": "tab:gray", "count": "tab:orange", "evt": "tab:blue"}
+_COLORS = {
+    "sample": "tab:gray",
+    "count": "tab:orange",
+    "evt": "tab:blue",
+    "tail": "tab:green",
+    "single_x": "tab:brown",
+    "powerlaw": "tab:purple",
+    "loguniform": "tab:pink",
+}
 _LABELS = {
     "sample": "sample (metric at S, naive)",
     "count": "count (x = K/S)",
-    "evt": "evt (GPD tail)",
+    "evt": "evt (plug-in GPD tail)",
+    "tail": "tail (GPD posterior, predictive)",
+    "single_x": "single x (homogeneous hardness)",
+    "powerlaw": "power-law fit of mAP(n)",
+    "loguniform": "log-uniform fit of mAP(n)",
 }
 
 
@@ -25,8 +37,8 @@ def plot_extrapolation(
     predictor: TailPredictor,
     gallery_size: int,
     path: str,
-    estimators: tuple[str, ...] = ("sample", "count", "evt"),
-    rank_law: str = "plugin",
+    estimators: tuple[str, ...] = ("sample", "count", "evt", "tail"),
+    rank_law: str | None = None,
     n_points: int = 25,
     n_boot: int = 300,
 ) -> dict:
