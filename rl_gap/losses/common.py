@@ -110,7 +110,8 @@ def autocast_disabled(*tensors: Any) -> Iterator[None]:
     device_types = {"cpu"} | {t.device.type for t in tensors if isinstance(t, torch.Tensor)}
     with ExitStack() as stack:
         for device_type in sorted(device_types):
-            if torch.is_autocast_enabled(device_type):
+            available = torch.amp.is_autocast_available(device_type)  # e.g. not "meta"
+            if available and torch.is_autocast_enabled(device_type):
                 stack.enter_context(torch.autocast(device_type=device_type, enabled=False))
         yield
 
