@@ -137,3 +137,16 @@ def test_empty_query_set_is_a_clear_error():
     metric.update(x[:0], labels[:0])
     with pytest.raises(ValueError, match="no query embeddings"):
         metric.compute()
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("--n-boot", "0"), ("--nested-boot", "-1"), ("--block-size", "0"), ("--gallery-size", "0")],
+)
+def test_extrapolate_options_checked_before_any_file_is_read(option, value):
+    from rl_gap.cli import main
+
+    argv = ["extrapolate", "--queries", "missing_q.npy", "--positives", "missing_p.npy",
+            "--distractors", "missing_d.npy", "--gallery-size", "100", option, value]  # fmt: skip
+    with pytest.raises(ValueError, match=f"{option} must be >="):
+        main(argv)
