@@ -3,7 +3,9 @@
 On ordinary batches the kernel uses a small fraction of its error budget, so a
 test at the stated tolerance there only catches errors that grow by orders of
 magnitude. ``test_kernel_sums_within_half_tolerance`` checks the plan's own
-per-sum guarantee directly, and ``test_truncation_at_window_edge`` builds the worst case of one
+per-sum guarantee directly, ``test_kernel_sums_at_coarse_cell_edges`` puts
+sources and query at opposite coarse-cell edges (the coarse expansion's worst
+offset), and ``test_truncation_at_window_edge`` builds the worst case of one
 budget term instead: every negative just outside the grid window (the band
 truncation, ``4 M e^(−U) <= tolerance / 16``), where the realised error is a
 fixed fraction (~1/70) of the tolerance, so a truncation budget 160x larger
@@ -106,6 +108,38 @@ def test_kernel_sums_within_half_tolerance(passes, tolerance, tau, dtype):
         for name, got, want in zip(names, fast_sums, brute_force_sums(scores, positive, tau)):
             rel = float(((got - want).abs() / want).max())
             assert rel <= tolerance / 2, f"{name}: relative error {rel:.3g} > {tolerance / 2:g}"
+
+
+@pytest.mark.parametrize("tau", [1e-2, 1e-3])
+def test_kernel_sums_at_coarse_cell_edges(tau):
+    # Worst case of the coarse expansion: the positive at one edge of its coarse cell,
+    # all negatives at the opposite edge of a nearby cell (joint offset ~1 cell, the
+    # largest the bound allows); the realised error is then close to the per-term bound.
+    tolerance, m = 1e-8, 501
+    h = plan_grid(-0.05, 0.05, 0.0, 0.0, m, tau, tolerance, torch.float64).h_coarse
+    positive = torch.zeros(m, dtype=torch.bool)
+    positive[0] = True
+    for k in range(-4, 5):
+        for query_edge in (-0.4999, 0.4999):
+            for source_edge in (-0.4999, 0.4999):
+                scores = torch.full((m,), (k + source_edge + 0.5) * h, dtype=torch.float64)
+                scores[0] = (query_edge + 0.5) * h
+                pos_scores = scores[:1]
+                plan = plan_grid(
+                    float(scores.min()),
+                    float(scores.max()),
+                    float(scores[0]),
+                    float(scores[0]),
+                    m,
+                    tau,
+                    tolerance,
+                    torch.float64,
+                    cache_tables=fast_binning.native_applicable(scores, None),
+                )
+                fast_sums = _forward_sums(scores, None, pos_scores, plan)[:4]
+                for got, want in zip(fast_sums, brute_force_sums(scores, positive, tau)):
+                    rel = float(((got - want).abs() / want).max())
+                    assert rel <= tolerance / 2, f"cell offset {k}: relative error {rel:.3g}"
 
 
 def window_edge_list(tau: float, tolerance: float, num_negatives: int = 4000):

@@ -27,6 +27,8 @@ from rl_gap.native_build import BASE_FLAGS, NativeLibrary
 # Tables smaller than this get several replicas per thread (see the .cpp).
 SMALL_TABLE_BYTES = 1 << 16
 SMALL_TABLE_COPIES = 4
+# Threads of the negative-dropping passes (see drop_mask).
+DROP_MAX_THREADS = 16
 
 
 def _flags() -> list[str]:
@@ -200,7 +202,8 @@ def drop_mask(
         scores.numel(),
         float(rate),
         keep.data_ptr(),
-        max(1, torch.get_num_threads()),
+        # Memory-bound passes; each thread zeroes and merges a 512 KB histogram per pass.
+        max(1, min(torch.get_num_threads(), DROP_MAX_THREADS)),
     )
     if dropped == 0:
         return torch.ones_like(positive) if valid is None else valid
