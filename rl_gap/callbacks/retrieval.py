@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
 from rl_gap.callbacks.selection import guard_model_selection
 from rl_gap.losses import dist
+from rl_gap.metrics.distractor import distractor_metrics
 from rl_gap.metrics.functional.arguments import check_block_size, precision_tag
 from rl_gap.metrics.functional.engine import state_from_embeddings
 from rl_gap.metrics.functional.ranking import global_f1_from_state
@@ -228,6 +229,13 @@ class RetrievalEvaluation(Callback):
             return None
         return torch.nonzero(torch.isin(indices.cpu(), wanted)).flatten()
 
+    def _roles(self, trainer: L.Trainer, stage: str, indices: torch.Tensor):
+        """Query/database/background role per gathered item of a distractor-query task
+        (``rl_gap.data.distractor_sets``), or None for a leave-one-out split."""
+        roles_of = getattr(getattr(trainer, "datamodule", None), "evaluation_roles", None)
+        roles = None if roles_of is None else roles_of("val" if stage == "val" else "test")
+        return None if roles is None else roles[indices.cpu()]
+
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         emb, labels, indices = self._gathered(pl_module)
         metrics: dict[str, float] = {}
@@ -236,12 +244,20 @@ class RetrievalEvaluation(Callback):
             try:
                 if emb.shape[0] < 2:
                     raise ValueError(f"{stage}: need at least 2 embedded items, got {emb.shape[0]}")
-                queries = self._query_positions(trainer, stage, indices)
-                metrics, state = evaluation_metrics(
-                    emb, labels, queries, ks=self.ks, precisions=(self.precision,),
-                    map_at=self.map_at, protocol_seed=self.protocol_seed,
-                    block_size=self.block_size,
-                )  # fmt: skip
+                roles = self._roles(trainer, stage, indices)
+                if roles is not None:  # queries vs a database (rl_gap.metrics.distractor)
+                    metrics, state = distractor_metrics(
+                        emb, labels, roles, ks=self.ks, precisions=(self.precision,),
+                        map_at=self.map_at, block_size=self.block_size,
+                        score_norm=getattr(trainer.datamodule, "score_norm", None),
+                    )  # fmt: skip
+                else:
+                    queries = self._query_positions(trainer, stage, indices)
+                    metrics, state = evaluation_metrics(
+                        emb, labels, queries, ks=self.ks, precisions=(self.precision,),
+                        map_at=self.map_at, protocol_seed=self.protocol_seed,
+                        block_size=self.block_size,
+                    )  # fmt: skip
                 if self.plots:
                     self._plot(trainer, state, stage)
             except Exception as exc:  # every rank must learn of it, or they hang below

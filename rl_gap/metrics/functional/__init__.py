@@ -4,6 +4,8 @@
   ``global_f1``, ``per_query_f1``: on a materialised ``(scores, rel, valid)``.
 - ``evaluate_embeddings``: every metric from embeddings and labels in one pass
   over GEMM blocks, never building the Q x D matrix.
+- ``background_offsets``, ``normalize_scores``, ``offset_embeddings``: query-side
+  score normalisation against a background set (``score_norm.py``).
 """
 
 from rl_gap.metrics.functional.bootstrap import bootstrap_from_state
@@ -25,11 +27,21 @@ from rl_gap.metrics.functional.retrieval import (
     recall_at_precision,
     threshold_protocol,
 )
+from rl_gap.metrics.functional.score_norm import (
+    ScoreNorm,
+    background_offsets,
+    normalize_scores,
+    offset_embeddings,
+)
 from rl_gap.metrics.functional.state import RetrievalState
 from rl_gap.metrics.functional.suite import evaluate_embeddings, evaluate_scores, metrics_from_state
 
 __all__ = [
     "RetrievalState",
+    "ScoreNorm",
+    "background_offsets",
+    "normalize_scores",
+    "offset_embeddings",
     "bootstrap_from_state",
     "ceiling_from_state",
     "consistency_ceiling",
