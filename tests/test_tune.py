@@ -84,6 +84,9 @@ def test_tune_table_is_mean_std_of_final_runs_and_reproducible(tmp_path, monkeyp
     assert float(row["lr"]) == best.params["lr"] and float(row["val_gap"]) == best.value
     md = (out / "results.md").read_text()
     assert f"{100 * statistics.fmean(log['val/gap'] for log in logs):.2f} ± " in md
+    # the same folder with other arguments: an error, not a silently reused run
+    with pytest.raises(ValueError, match="trained with other arguments"):
+        _tune(out, "--final-overrides", "--trainer.limit_val_batches 2")
 
 
 @pytest.mark.slow

@@ -10,9 +10,10 @@ LightningCLI a user calls (:func:`rl_gap.training_cli.run_lightning_cli`):
   so that one run can be a DDP job; its metrics are then read back from the
   run's CSV log (``<run_dir>/version_N/metrics.csv``).
 
-A finished run writes ``<run_dir>/result.json`` (the final metrics); asking
-for the same run again returns it without training, so an interrupted sweep
-resumes where it stopped. Runs are seeded: ``--seed_everything`` and the
+A finished run writes ``<run_dir>/result.json`` (its arguments and final
+metrics); asking for the same run again returns it without training, so an
+interrupted sweep resumes where it stopped (a folder holding a run with other
+arguments is an error, never silently reused). Runs are seeded: ``--seed_everything`` and the
 DataModule's ``seed`` (batch sampling, class splits, subsets) both get the
 run's seed.
 """
@@ -145,20 +146,28 @@ class Runner:
         Raises a RuntimeError naming the run when it logs no ``val/gap``.
         """
         run_dir = Path(run_dir).resolve()
-        done = run_dir / "result.json"
-        if done.is_file():
-            return json.loads(done.read_text())["metrics"]
         recipe = resolve_recipe(recipe)
         argv = ["fit", "--config", str(recipe), "--output_dir", str(run_dir.parent)]
         argv += ["--run_name", run_dir.name, "--seed_everything", str(seed)]
         if data_accepts(recipe, "seed"):
             argv += ["--data.init_args.seed", str(seed)]
-        argv += ["--wandb", self.wandb, *self.overrides, *overrides]
+        argv += [*self.overrides, *overrides]
+        done = run_dir / "result.json"
+        if done.is_file():
+            record = json.loads(done.read_text())
+            if record.get("argv") != argv:
+                raise ValueError(
+                    f"{run_dir} holds a run trained with other arguments:\n  "
+                    f"{shlex.join(record.get('argv', []))}\nnot\n  {shlex.join(argv)}\n"
+                    "use another --output folder (or delete that run folder)"
+                )
+            return record["metrics"]
+        command = [*argv[:1], "--wandb", self.wandb, *argv[1:]]
         with _wandb_env(self.group, job_type, run_dir.name):
             if self.command is None:
-                metrics = _run_in_process(argv)
+                metrics = _run_in_process(command)
             else:
-                metrics = _run_child(self.command + argv, run_dir, self.env)
+                metrics = _run_child(self.command + command, run_dir, self.env)
         if "val/gap" not in metrics or not math.isfinite(metrics["val/gap"]):
             raise RuntimeError(
                 f"run {run_dir} logged no finite val/gap (does the recipe evaluate at the "
