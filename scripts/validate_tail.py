@@ -31,7 +31,7 @@ from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uni
 from rl_gap.metrics.tail_simulate import WORLDS, World
 
 #: Estimators in table order (the paper's baselines, then the tail-aware ones).
-ORDER = ("sample", "single_x", "powerlaw", "loguniform", "count", "evt", "tail")
+ORDER = ("sample", "single_x", "powerlaw", "loguniform", "count", "evt", "tail/plugin", "tail")
 
 
 def stream_world(world: World, pool: int, rate: float, k: int, block: int, seed: int):
@@ -64,8 +64,9 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
     row = {"world": world.name, "truth": truth, "sample_size": pred.sample_size, "N": args.pool}
     row["stream_seconds"] = stream_s
     for name in estimators:
+        estimator, _, law = name.partition("/")  # "tail/plugin": an estimator with a given rank law
         t0 = time.perf_counter()
-        est = pred.estimate(name, args.pool, n_boot=args.n_boot)
+        est = pred.estimate(estimator, args.pool, rank_law=law or None, n_boot=args.n_boot)
         seconds = time.perf_counter() - t0
         row[name] = {
             "map": est.map,
@@ -84,9 +85,9 @@ def print_table(rows: list[dict], estimators: tuple[str, ...], args: argparse.Na
         f"{args.queries} queries, seed {args.seed}"
     )
     print("cell: error (+ = over-prediction), * = 95% interval misses the truth")
-    head = f"{'estimator':<11}" + "".join(f"{r['world']:>16}" for r in rows)
+    head = f"{'estimator':<12}" + "".join(f"{r['world']:>16}" for r in rows)
     print(head + f"{'mean |err|':>12}{'covered':>9}{'time/world':>12}")
-    print(f"{'truth':<11}" + "".join(f"{r['truth']:>16.4f}" for r in rows))
+    print(f"{'truth':<12}" + "".join(f"{r['truth']:>16.4f}" for r in rows))
     for name in estimators:
         cells = "".join(
             f"{r[name]['err']:>+15.4f}{' ' if r[name]['covered'] else '*'}" for r in rows
@@ -94,13 +95,17 @@ def print_table(rows: list[dict], estimators: tuple[str, ...], args: argparse.Na
         mae = np.mean([abs(r[name]["err"]) for r in rows])
         cover = sum(r[name]["covered"] for r in rows)
         secs = np.mean([r[name]["seconds"] for r in rows])
-        print(f"{name:<11}{cells}{mae:>12.4f}{cover:>6d}/{len(rows)}{secs:>11.2f}s")
+        print(f"{name:<12}{cells}{mae:>12.4f}{cover:>6d}/{len(rows)}{secs:>11.2f}s")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", default=",".join(WORLDS), help="comma-separated subset of worlds")
-    p.add_argument("--estimators", default=",".join(ORDER), help="comma-separated estimators")
+    p.add_argument(
+        "--estimators",
+        default=",".join(ORDER),
+        help="comma-separated estimators; NAME/LAW fixes the rank law (e.g. tail/plugin)",
+    )
     p.add_argument("--pool", type=int, default=2_000_000, help="distractor pool size N")
     p.add_argument("--rate", type=float, default=0.05, help="sampling rate (S = rate·N)")
     p.add_argument("--queries", type=int, default=200)
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     worlds = [w.strip() for w in args.worlds.split(",") if w.strip()]
     estimators = tuple(e.strip() for e in args.estimators.split(",") if e.strip())
-    unknown = [e for e in estimators if e not in ESTIMATORS]
+    unknown = [e for e in estimators if e.partition("/")[0] not in ESTIMATORS]
     if unknown:
         raise SystemExit(f"unknown estimators {unknown}; known: {', '.join(ESTIMATORS)}")
     rows = []

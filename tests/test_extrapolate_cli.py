@@ -116,3 +116,80 @@ def test_extrapolate_cli_labels_and_errors(tmp_path):
                 str(tmp_path / "bad.npy"),
             ]
         )
+
+
+def test_extrapolate_reads_prediction_writer_folders(tmp_path):
+    """Folders with embeddings.npy + labels.npy (the prediction writer's output) tie positives
+    by label; the result equals the labels-file route."""
+    q, p, owner, x = write_inputs(tmp_path, seed=2)
+    for name, emb, lab in (("queries", q, np.arange(q.shape[0])), ("positives", p, owner)):
+        (tmp_path / name).mkdir()
+        np.save(tmp_path / name / "embeddings.npy", emb.astype(np.float32))
+        np.save(tmp_path / name / "labels.npy", lab.astype(np.int64))
+    (tmp_path / "sample").mkdir()
+    np.save(tmp_path / "sample" / "embeddings.npy", x)
+    np.save(tmp_path / "sample" / "labels.npy", np.zeros(len(x), dtype=np.int64))
+    common = ["--gallery-size", "60000", "--k", "50", "--n-boot", "50", "--no-progress",
+              "--estimators", "count,tail"]  # fmt: skip
+    rc = main([
+        "extrapolate", "--queries", str(tmp_path / "queries"), "--positives",
+        str(tmp_path / "positives"), "--distractors", str(tmp_path / "sample"), *common,
+        "--json", str(tmp_path / "folders.json"),
+    ])  # fmt: skip
+    assert rc == 0
+    res = json.loads((tmp_path / "folders.json").read_text())
+    Q = q.shape[0]
+    rows = [[float(q[i] @ p[j]) for j in range(len(owner)) if owner[j] == i] for i in range(Q)]
+    m = max(len(r) for r in rows)
+    pos = torch.tensor([r + [math.nan] * (m - len(r)) for r in rows], dtype=torch.float64)
+    for name in ("count", "tail"):
+        ref = predict_map(pos, torch.from_numpy(q @ x.T), 60_000, k=50, estimator=name, n_boot=50)
+        assert res["estimators"][name]["map"] == pytest.approx(ref.map, abs=1e-5)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="embeddings.npy"):
+        main(["extrapolate", "--queries", str(tmp_path / "empty"), "--positives",
+              str(tmp_path / "positives"), "--distractors", str(tmp_path / "sample"), *common])  # fmt: skip
+
+
+def test_positive_query_floats_are_rejected_not_truncated(tmp_path):
+    q, p, owner, x = write_inputs(tmp_path, seed=3)
+    base = ["extrapolate", "--queries", str(tmp_path / "q.npy"), "--positives", str(tmp_path / "p.pt"),
+            "--distractors", str(tmp_path / "x.npy"), "--gallery-size", "60000", "--k", "50",
+            "--n-boot", "20", "--no-progress", "--estimators", "count"]  # fmt: skip
+    np.save(tmp_path / "frac.npy", owner.astype(np.float64) + 0.5)
+    with pytest.raises(ValueError, match="non-integer"):
+        main([*base, "--positive-query", str(tmp_path / "frac.npy"), "--json", ""])
+    # Integral floats (e.g. a label column saved as float) are exact indices: accepted, same result.
+    np.save(tmp_path / "whole.npy", owner.astype(np.float64))
+    main(
+        [*base, "--positive-query", str(tmp_path / "whole.npy"), "--json", str(tmp_path / "f.json")]
+    )
+    main(
+        [*base, "--positive-query", str(tmp_path / "owner.npy"), "--json", str(tmp_path / "i.json")]
+    )
+    f, i = (json.loads((tmp_path / n).read_text()) for n in ("f.json", "i.json"))
+    assert f["estimators"]["count"]["map"] == i["estimators"]["count"]["map"]
+
+
+def test_bad_plot_extension_fails_before_work_and_results_survive_a_plot_error(
+    tmp_path, monkeypatch
+):
+    q, p, owner, x = write_inputs(tmp_path, seed=4)
+    out = tmp_path / "res.json"
+    base = ["extrapolate", "--queries", str(tmp_path / "q.npy"), "--positives", str(tmp_path / "p.pt"),
+            "--positive-query", str(tmp_path / "owner.npy"), "--distractors", str(tmp_path / "x.npy"),
+            "--gallery-size", "60000", "--k", "50", "--n-boot", "20", "--no-progress",
+            "--estimators", "count", "--json", str(out)]  # fmt: skip
+    with pytest.raises(ValueError, match="unsupported image extension 'xyz'"):
+        main([*base, "--plot", str(tmp_path / "curve.xyz")])
+    assert not out.exists()  # refused before any scoring
+
+    import rl_gap.metrics.tail_plot as tail_plot
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("renderer failed")
+
+    monkeypatch.setattr(tail_plot, "plot_extrapolation", broken)
+    with pytest.raises(RuntimeError, match="renderer failed"):
+        main([*base, "--plot", str(tmp_path / "curve.png")])
+    assert json.loads(out.read_text())["estimators"]["count"]["map"] > 0

@@ -33,7 +33,7 @@ def padded_positive_scores(q, p, owner):
     return torch.tensor([r + [math.nan] * (m - len(r)) for r in rows], dtype=torch.float64)
 
 
-@pytest.mark.parametrize("estimator", ["sample", "count", "evt"])
+@pytest.mark.parametrize("estimator", ["sample", "count", "evt", "tail"])
 def test_streaming_equals_one_shot(estimator):
     q, p, owner, x = make_data()
     N = 200_000
