@@ -353,7 +353,8 @@ def test_module_ranks_float32_under_bf16_autocast(case, cfg):
 
 
 # ------------------------------------------------- the smoothed-AP kernels alone
-def test_smoothed_ap_kernels_compute_float32_under_autocast():
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_smoothed_ap_kernels_compute_float32_under_autocast(half):
     """The exact Functions accumulate their gradient with matmuls in forward."""
     gen = torch.Generator().manual_seed(7)
     scores64 = torch.rand(12, 30, generator=gen, dtype=torch.float64) * 2 - 1
@@ -367,7 +368,7 @@ def test_smoothed_ap_kernels_compute_float32_under_autocast():
     g_flat, g_rows = (torch.autograd.grad(v, ref_in)[0] for v in (ref_flat, ref_rows))
 
     leaf = scores64.float().requires_grad_()
-    with torch.autocast(**BF16):
+    with torch.autocast("cpu", dtype=half):
         flat = smoothed_ap_exact(leaf.reshape(-1), positive.reshape(-1), TAU, chunk_size=50)
         rows = smoothed_ap_rows(leaf, positive, valid, TAU, chunk_size=5).sum()
     assert flat.dtype == rows.dtype == torch.float32
