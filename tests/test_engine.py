@@ -372,3 +372,22 @@ def test_symmetric_native_equals_plain_eager(monkeypatch, dtype, protocol):
         fused = evaluate_embeddings(x, x, labels, labels, block_size=block, **kwargs)
         assert not _same(fused, plain), _same(fused, plain)
     assert any(calls) and not all(calls)  # mirrored blocks went through the kernel
+
+
+def test_autocast_does_not_change_the_ranking():
+    """Under torch.autocast (bf16) the engine still ranks float32 scores: the metrics
+    equal scikit-learn's on the float32 similarity matrix, for every engine path."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.nn.functional.normalize(torch.randn(150, 16, generator=g), dim=1)
+    labels = torch.randint(0, 15, (150,), generator=g)
+    scores = (x @ x.T).double().numpy()
+    rel = (labels[:, None] == labels[None]).numpy()
+    keep = ~np.eye(150, dtype=bool)
+    ref = average_precision_score(rel[keep], scores[keep])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for database, cache in ((x, 512 << 20), (x.clone(), 0)):
+            out = evaluate_embeddings(
+                x, database, labels, labels, exclude_self=True, block_size=4096,
+                cache_bytes=cache, ceiling=False,
+            )  # fmt: skip
+            assert out["gap"] == pytest.approx(ref, abs=1e-12)

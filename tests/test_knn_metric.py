@@ -81,3 +81,21 @@ def test_knn_bad_inputs():
         metric.update(torch.randn(0, 3), torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="needs both"):
         metric.compute()
+
+
+def test_knn_votes_under_autocast_are_float32_votes():
+    from rl_gap.metrics.knn import weighted_knn_scores
+
+    g = torch.Generator().manual_seed(7)
+    bank, queries = torch.randn(200, 32, generator=g), torch.randn(20, 32, generator=g)
+    bank_labels = torch.randint(0, 5, (200,), generator=g)
+    # float64 brute force: top-10 cosine neighbours, weights exp(s / 0.07)
+    b = torch.nn.functional.normalize(bank.double(), dim=1)
+    q = torch.nn.functional.normalize(queries.double(), dim=1)
+    sims, idx = (q @ b.T).topk(10, dim=1)
+    ref = torch.zeros(20, 5, dtype=torch.float64)
+    ref.scatter_add_(1, bank_labels[idx], (sims / 0.07).exp())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        votes = weighted_knn_scores(queries, bank, bank_labels, 5, k=10, temperature=0.07)
+    assert votes.dtype == torch.float32
+    torch.testing.assert_close(votes.double(), ref, rtol=1e-5, atol=0)

@@ -19,6 +19,8 @@ from torch.nn import functional as F
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from rl_gap.metrics.functional.state import no_autocast
+
 
 def _check_features(name: str, features: torch.Tensor, labels: torch.Tensor) -> None:
     if features.ndim != 2:
@@ -71,12 +73,15 @@ def weighted_knn_scores(
     if bank_labels.min() < 0 or bank_labels.max() >= num_classes:
         raise ValueError(f"bank labels must lie in [0, {num_classes}), got {bank_labels.unique()}")
     k = min(k, bank_features.shape[0])
+    if bank_features.dtype in (torch.float16, torch.bfloat16):
+        bank_features = bank_features.float()  # score half-precision features in float32
     bank = F.normalize(bank_features, dim=1)
     labels = bank_labels.to(bank.device).long()
     out = []
     for start in range(0, query_features.shape[0], chunk_size):
         queries = F.normalize(query_features[start : start + chunk_size].to(bank), dim=1)
-        sims, idx = (queries @ bank.T).topk(k, dim=1)
+        with no_autocast(bank.device):  # rank float32 similarities under autocast too
+            sims, idx = (queries @ bank.T).topk(k, dim=1)
         weights = (sims / temperature).exp()
         votes = torch.zeros(queries.shape[0], num_classes, dtype=bank.dtype, device=bank.device)
         votes.scatter_add_(1, labels[idx], weights)
