@@ -187,3 +187,15 @@ def test_siglip_scale_is_clamped_at_max_scale():
     assert loss_fn.extra_logs()["logit_scale"] == pytest.approx(100.0)
     wide = build_loss("siglip", init_log_scale=math.log(500.0), max_scale=1000.0)
     assert wide.extra_logs()["logit_scale"] == pytest.approx(500.0, rel=1e-6)
+
+
+def test_infonce_learnable_scale_must_start_below_its_clamp():
+    """1/τ above max_scale would sit on the clamp with zero gradient: refused, naming both."""
+    with pytest.raises(ValueError, match=r"1/temperature = 1000, above max_scale = 100"):
+        build_loss("infonce", temperature=1e-3, learnable_scale=True)
+    with pytest.raises(ValueError, match="max_scale must be a finite number > 0"):
+        build_loss("infonce", max_scale=math.inf)
+    at_cap = build_loss("infonce", temperature=0.01, learnable_scale=True)  # 1/τ = 100 = cap
+    assert float(at_cap.logit_scale().detach()) == pytest.approx(100.0, rel=1e-6)
+    fixed = build_loss("infonce", temperature=1e-3)  # a fixed τ is not clamped
+    assert fixed.logit_scale() == pytest.approx(1000.0)

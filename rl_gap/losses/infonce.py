@@ -48,7 +48,8 @@ class InfoNCELoss(nn.Module):
             (cross-modal / CLIP).
         learnable_scale: learn ``log(scale)`` (a parameter of this module);
             the scale is clamped at ``max_scale``.
-        max_scale: upper clamp of the learnable scale (CLIP: 100).
+        max_scale: upper clamp of the learnable scale (CLIP: 100), finite; a
+            learnable scale must start at or below it (1/τ ≤ max_scale).
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss.
     """
@@ -64,9 +65,16 @@ class InfoNCELoss(nn.Module):
         self.temperature = check_temperature(temperature)
         self.symmetric = bool(symmetric)
         self.learnable_scale = bool(learnable_scale)
-        if not max_scale > 0:
-            raise ValueError(f"max_scale must be > 0, got {max_scale}")
+        if not (float(max_scale) > 0 and math.isfinite(float(max_scale))):
+            raise ValueError(f"infonce max_scale must be a finite number > 0, got {max_scale}")
         self.max_scale = float(max_scale)
+        if self.learnable_scale and 1.0 / self.temperature > self.max_scale * (1 + 1e-9):
+            # The clamp would hold the scale at max_scale with zero gradient: never learnt.
+            raise ValueError(
+                f"infonce learnable_scale starts at 1/temperature = {1.0 / self.temperature:.4g}, "
+                f"above max_scale = {self.max_scale:.4g}, where the clamp leaves it no gradient; "
+                f"raise temperature or max_scale"
+            )
         if self.learnable_scale:
             self.log_logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / self.temperature)))
         else:
