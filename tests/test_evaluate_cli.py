@@ -176,3 +176,12 @@ def test_empty_queries(tmp_path):
             "evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
             "--query-labels", str(tmp_path / "ql.npy"), "--database-labels", str(tmp_path / "dl.npy"),
         ])  # fmt: skip
+
+
+def test_leave_one_out_without_any_positive_is_refused(tmp_path):
+    # every label once: no query has a positive besides itself -> NaN metrics, refused
+    np.save(tmp_path / "q.npy", torch.randn(5, 3).numpy())
+    np.save(tmp_path / "ql.npy", np.arange(5))
+    with pytest.raises(ValueError, match="other than itself"):
+        main(["evaluate", "--queries", str(tmp_path / "q.npy"), "--query-labels",
+              str(tmp_path / "ql.npy")])  # fmt: skip

@@ -242,6 +242,12 @@ def run(args: argparse.Namespace) -> int:
         ceiling=False if args.no_ceiling else None, protocol=args.protocol,
         bootstrap=args.bootstrap, block_size=args.block_size, device=args.device, seed=args.seed,
     )  # fmt: skip
+    if metrics["num_positive_pairs"] == 0:
+        raise ValueError(
+            "no query has a relevant database item"
+            + (" other than itself (leave-one-out)" if exclude_self else "")
+            + ": every metric would be NaN; check the labels"
+        )
     print(format_table(metrics))
     if args.output:
         out = Path(args.output)
