@@ -305,7 +305,7 @@ class MoCoV3Module(RankingModule):
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
         """Unit-norm backbone features for ``rl-gap predict`` (the kNN / retrieval input)."""
-        features = self.features(batch["image"]).float()
+        features = F.normalize(self.features(batch["image"]).float(), dim=1)
         return {"embeddings": features, "labels": batch["label"], "indices": batch["index"]}
 
     def on_validation_epoch_end(self) -> None:
