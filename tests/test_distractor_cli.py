@@ -1,0 +1,110 @@
+"""The distractor recipes end to end: one training step and a test on a tiny DISC21 fixture.
+
+The logged test metrics are checked against scikit-learn on the model's own
+embeddings of the fixture images (float64), so the roles, labels and
+normalisation of the whole path (DataModule -> module -> callback) are checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score
+from test_distractor_layouts import make_disc21, make_wildlife
+
+from rl_gap.training_cli import run_lightning_cli
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "distractor"
+TINY = [
+    "--model.init_args.backbone", "rl_gap_convnet", "--model.init_args.backbone_kwargs",
+    "{width: 4}", "--model.init_args.dim", "8", "--model.init_args.weights", "null",
+    "--model.init_args.eval_plots", "false", "--trainer.accelerator", "cpu",
+    "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.precision", "32",
+    "--data.init_args.batch_size", "4", "--data.init_args.eval_batch_size", "64",
+    "--data.init_args.num_workers", "0", "--data.init_args.image_size", "16",
+    "--wandb", "off",
+]  # fmt: skip
+
+
+def _embed(model, dataset) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(torch.stack([dataset[i][0] for i in range(len(dataset))])).double()
+
+
+def test_disc21_recipe_fit_one_step_then_test(tmp_path, run_dir):
+    root = make_disc21(tmp_path / "disc21")
+    common = ["--config", str(RECIPES / "disc21_gsap.yaml"), "--data.init_args.root", str(root),
+              "--data.init_args.background_size", "null", "--output_dir", str(run_dir), *TINY]  # fmt: skip
+    cli = run_lightning_cli(["fit", *common, "--trainer.max_steps", "1",
+                             "--trainer.check_val_every_n_epoch", "1"])  # fmt: skip
+    assert cli.trainer.global_step == 1
+    assert float(cli.trainer.callback_metrics["val/num_distractor_queries"]) == 3
+    ckpt = Path(cli.trainer.checkpoint_callback.last_model_path)
+    cli = run_lightning_cli(["test", *common, "--ckpt_path", str(ckpt)])
+    got = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    test = cli.datamodule.datasets["test"]
+    emb = _embed(cli.model, test)
+    q, d, b = emb[:6], emb[6:10], emb[10:]  # 6 queries, 4 references, 6 training images
+    scores = (q @ d.T).numpy()
+    rel = np.zeros((6, 4), dtype=bool)
+    rel[0, 2] = rel[1, 0] = rel[4, 2] = True  # the fixture's ground truth
+    pos = rel.any(1)
+    offsets = np.sort((q @ b.T).numpy(), axis=1)[:, ::-1][:, :3].mean(1)  # SSCD: top-3 mean
+    normed = scores - offsets[:, None]
+    tol = 1e-5  # the model's float32 embeddings vs their float64 copy here
+    assert got["test/gap"] == pytest.approx(
+        average_precision_score(rel.ravel(), scores.ravel()), abs=tol
+    )
+    assert got["test/gap_no_distractors"] == pytest.approx(
+        average_precision_score(rel[pos].ravel(), scores[pos].ravel()), abs=tol
+    )
+    ap = [average_precision_score(r, s) for r, s in zip(rel[pos], scores[pos])]
+    assert got["test/map"] == pytest.approx(np.mean(ap), abs=tol)
+    assert got["test/norm_gap"] == pytest.approx(
+        average_precision_score(rel.ravel(), normed.ravel()), abs=tol
+    )
+    assert got["test/num_distractor_queries"] == 3 and got["test/num_queries"] == 6
+
+
+def test_missing_dataset_names_the_layout(tmp_path, run_dir):
+    for recipe, missing, expected in (
+        ("disc21_gsap.yaml", "no_disc21", "val_groundtruth_matches.csv"),
+        ("met_gsap.yaml", "no_met", "MET_database.json"),
+        ("wildlife_gsap.yaml", "no_wildlife", "metadata.csv"),
+    ):
+        argv = ["fit", "--config", str(RECIPES / recipe), "--data.init_args.root",
+                str(tmp_path / missing), "--output_dir", str(run_dir), *TINY]  # fmt: skip
+        with pytest.raises(FileNotFoundError, match=missing) as info:
+            run_lightning_cli(argv)
+        assert expected in str(info.value)
+    argv = ["fit", "--config", str(RECIPES / "ilias_gsap.yaml"), "--data.init_args.root",
+            str(tmp_path / "no_ilias"), "--data.init_args.train", str(tmp_path),
+            "--output_dir", str(run_dir), *TINY]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="no_ilias") as info:
+        run_lightning_cli(argv)
+    assert "core/<instance_id>/pos" in str(info.value)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_recipes_parse_with_paper_values(recipe):
+    cli = run_lightning_cli(["--config", str(recipe), *TINY], run=False)
+    assert cli.model.loss_config["name"] == "gsap"
+    assert cli.model.loss_config["temperature"] == 0.001  # paper §C.4
+    assert cli.model.loss_config["neg_drop"] == 0.9  # paper §C.4
+
+
+def test_wildlife_recipe_fast_dev_run(tmp_path, run_dir):
+    root = make_wildlife(tmp_path / "wild")
+    cli = run_lightning_cli(
+        ["fit", "--config", str(RECIPES / "wildlife_gsap.yaml"), "--data.init_args.root",
+         str(root), "--output_dir", str(run_dir), "--trainer.fast_dev_run", "true", *TINY]
+    )  # fmt: skip
+    metrics = cli.trainer.callback_metrics
+    assert (
+        float(metrics["val/num_distractor_queries"]) == 2 and float(metrics["val/num_queries"]) == 4
+    )
+    assert 0 < float(metrics["val/gap"]) <= float(metrics["val/gap_no_distractors"]) <= 1
