@@ -6,8 +6,9 @@ Pure helpers (no Lightning) used by :mod:`rl_gap.training_cli` and
 - :func:`flatten_config` turns a resolved LightningCLI config into ``{dotted.key: value}``
   with plain JSON values (what a checkpoint stores, safe for ``torch.load(weights_only=True)``);
 - :func:`training_config` keeps only the keys that change what is trained:
-  :data:`OPERATIONAL_KEYS` (logging, output paths, devices, evaluation schedule) are
-  dropped, so resuming on another GPU count or with another progress bar is allowed;
+  :data:`OPERATIONAL_KEYS` (logging, output paths, devices, evaluation schedule)
+  and dataset locations (:data:`DATA_LOCATION_KEYS`) are dropped, so resuming on
+  another GPU count, with another progress bar or with the data at another path is allowed;
 - :func:`run_folder_name` is ``seed<N>`` plus ``-<hash>`` of the training keys that
   differ from the recipe's own values, so every override combination and every
   seed gets its own run folder;
@@ -72,6 +73,10 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "model.init_args.eval_plots",
 )
 
+# Leaf names of dataset *locations* under ``data.``: the same data may live
+# elsewhere on another machine (a requeued job, another cluster).
+DATA_LOCATION_KEYS: tuple[str, ...] = ("root", "train_dir", "val_dir", "image_root")
+
 _UNSET = "<unset>"
 
 
@@ -109,6 +114,8 @@ def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _is_operational(key: str) -> bool:
+    if key.startswith("data.") and key.rsplit(".", 1)[-1] in DATA_LOCATION_KEYS:
+        return True
     return any(key == k or key.startswith(k + ".") for k in OPERATIONAL_KEYS)
 
 

@@ -168,6 +168,18 @@ def test_each_override_combination_and_seed_gets_its_own_run_folder(tmp_path, ex
     assert Path(cli.trainer.default_root_dir) == tmp_path / "demo" / "mnist_gsap" / folder
 
 
+def test_dataset_location_does_not_change_the_run_folder(tmp_path):
+    recipe = ROOT / "recipes" / "metric_learning" / "sop_gsap.yaml"
+    cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+           "--trainer.precision", "32", "--model.init_args.backbone", "rl_gap_convnet"]  # fmt: skip
+    folders = set()
+    for root in ([], ["--data.init_args.root", "/mnt/elsewhere/sop"]):
+        argv = ["--config", str(recipe), "--output_dir", str(tmp_path), "--wandb", "off", *cpu]
+        folders.add(run_lightning_cli([*argv, *root], run=False).trainer.default_root_dir)
+    assert folders == {str(tmp_path / "metric_learning" / "sop_gsap" / ("seed0-" + _hash(
+        {"model.init_args.backbone": "rl_gap_convnet", "trainer.precision": 32})))}  # fmt: skip
+
+
 def test_resume_of_another_configuration_is_refused_unless_forced(run_dir, capsys):
     first = run_lightning_cli(["fit", *_argv(run_dir, "shared", epochs=1, batches=2)])
     assert first.trainer.global_step == 2
