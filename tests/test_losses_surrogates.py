@@ -21,6 +21,7 @@ from surrogate_refs import (
     value_and_grad,
 )
 
+import rl_gap.losses.softbin as softbin_module
 from rl_gap.losses import build_loss
 
 
@@ -40,6 +41,21 @@ def test_softbin_matches_brute_force_value_and_gradient(per_query, num_bins, alp
     torch.testing.assert_close(value, ref.detach(), rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(grad, ref_leaf.grad, rtol=1e-9, atol=1e-11)
     assert grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("per_query", [True, False])
+def test_softbin_items_binned_in_chunks_match_brute_force(per_query, monkeypatch):
+    monkeypatch.setattr(softbin_module, "ITEM_CHUNK", 5)  # chunks straddle rows (D = 9)
+    sim, rel, valid = make_batch(seed=6)
+    loss_fn = build_loss("softbin" if per_query else "gsoftbin", num_bins=8, neg_drop=0.2)
+    value, grad = value_and_grad(loss_fn, sim, rel, valid, scale=1.3)
+    ref_leaf = sim.clone().requires_grad_(True)
+    ref = mean_list_loss(
+        ref_leaf, rel, valid, per_query, lambda s, p: brute_softbin_ap(s, p, 8), 0.2
+    )
+    (1.3 * ref).backward()
+    torch.testing.assert_close(value, ref.detach(), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(grad, ref_leaf.grad, rtol=1e-9, atol=1e-11)
 
 
 def test_softbin_symmetric_matches_brute_force():

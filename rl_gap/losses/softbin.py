@@ -39,6 +39,7 @@ from rl_gap.losses.registry import register_loss
 
 RANGE_TOLERANCE = 0.01  # fraction of (hi − lo) a similarity may overshoot before it is an error
 MAX_BINS = 1 << 15
+ITEM_CHUNK = 1 << 18  # items binned per step (float64 weights of one chunk at a time)
 
 
 def fastap_from_histograms(
@@ -55,53 +56,81 @@ def fastap_from_histograms(
 def _bin_items(
     scores: torch.Tensor, num_bins: int, low: float, high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lower bin index (R, D) int64 and the fraction of mass in the next bin (R, D)."""
+    """Lower bin index (int64) and the fraction of mass in the next bin, per item."""
     width = (high - low) / (num_bins - 1)
     position = (high - scores.clamp(low, high)) / width  # in [0, L − 1]
     lower = position.floor().clamp_(min=0, max=num_bins - 2)
     return lower.long(), (position - lower).clamp_(0.0, 1.0)
 
 
+def _chunks(num_items: int, width: int, num_bins: int, device: torch.device):
+    """Item slices of the flattened (R, D) list and each item's row offset ``row · L``."""
+    for start in range(0, num_items, ITEM_CHUNK):
+        part = slice(start, min(start + ITEM_CHUNK, num_items))
+        offset = torch.arange(part.start, part.stop, device=device).div_(
+            width, rounding_mode="floor"
+        )
+        yield part, offset.mul_(num_bins)
+
+
 class _SoftBinAP(torch.autograd.Function):
+    """Items are binned in chunks of ITEM_CHUNK (float64 weights only per chunk);
+    the state kept for backward is an int16 bin index and a bool mask per item."""
+
     @staticmethod
     def forward(ctx, scores, positive, valid, num_bins, low, high):  # type: ignore[override]
-        work = scores.detach()
-        lower, frac = _bin_items(work, num_bins, low, high)
-        upper_w = frac.double() * valid
-        lower_w = valid.double() - upper_w
-        num_rows = work.shape[0]
-        hist = work.new_zeros(num_rows, num_bins, dtype=torch.float64)
-        hist.scatter_add_(1, lower, lower_w).scatter_add_(1, lower + 1, upper_w)
-        pos_f = positive.double()
+        num_rows, width = scores.shape
+        flat = scores.detach().reshape(-1)
+        flat_valid, flat_pos = valid.reshape(-1), positive.reshape(-1)
+        hist = flat.new_zeros(num_rows * num_bins, dtype=torch.float64)
         hist_pos = torch.zeros_like(hist)
-        hist_pos.scatter_add_(1, lower, lower_w * pos_f).scatter_add_(1, lower + 1, upper_w * pos_f)
+        with_grad = ctx.needs_input_grad[0]
+        # The bin index fits in int16 (num_bins ≤ 2^15): a quarter of an int64 index.
+        lower_all = torch.empty(flat.numel(), dtype=torch.int16, device=flat.device)
+        inside_all = torch.empty_like(flat_valid) if with_grad else None
+        for part, offset in _chunks(flat.numel(), width, num_bins, flat.device):
+            s, ok, pos = flat[part], flat_valid[part], flat_pos[part]
+            lower, frac = _bin_items(s, num_bins, low, high)
+            lower_all[part] = lower
+            if with_grad:
+                inside_all[part] = (s >= low) & (s <= high) & ok
+            index = lower.add_(offset)
+            upper_w = frac.double().mul_(ok)
+            lower_w = ok.double().sub_(upper_w)
+            hist.index_add_(0, index, lower_w).index_add_(0, index + 1, upper_w)
+            hist_pos.index_add_(0, index[pos], lower_w[pos])
+            hist_pos.index_add_(0, index[pos] + 1, upper_w[pos])
+        hist, hist_pos = hist.view(num_rows, num_bins), hist_pos.view(num_rows, num_bins)
         num_pos = positive.sum(1).double()
         ap = fastap_from_histograms(hist, hist_pos, num_pos)
-        if ctx.needs_input_grad[0]:
-            inside = (work >= low) & (work <= high) & valid
-            # The bin index fits in int16 (num_bins ≤ 2^15): a quarter of the int64 state.
-            ctx.save_for_backward(lower.to(torch.int16), inside, positive, hist, hist_pos, num_pos)
+        if with_grad:
+            ctx.save_for_backward(lower_all, inside_all, flat_pos, hist, hist_pos, num_pos)
             ctx.inv_width = (num_bins - 1) / (high - low)
+            ctx.shape = scores.shape
             ctx.input_dtype = scores.dtype
         return ap.to(scores.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):  # type: ignore[override]
-        lower16, inside, positive, hist, hist_pos, num_pos = ctx.saved_tensors
+        lower_all, inside_all, flat_pos, hist, hist_pos, num_pos = ctx.saved_tensors
         with torch.enable_grad():
             h = hist.detach().requires_grad_(True)
             hp = hist_pos.detach().requires_grad_(True)
             ap = fastap_from_histograms(h, hp, num_pos)
             grad_h, grad_hp = torch.autograd.grad(ap, (h, hp), grad_output.double())
-        lower = lower16.long()
-        pos_f = positive.double()
-        at_lower = grad_h.gather(1, lower) + pos_f * grad_hp.gather(1, lower)
-        upper = lower + 1
-        at_upper = grad_h.gather(1, upper) + pos_f * grad_hp.gather(1, upper)
-        # ∂(lower weight)/∂s = +1/Δ, ∂(upper weight)/∂s = −1/Δ inside the range.
-        grad = (at_lower - at_upper) * (ctx.inv_width * inside)
-        return grad.to(ctx.input_dtype), None, None, None, None, None
+        grad_h, grad_hp = grad_h.reshape(-1), grad_hp.reshape(-1)
+        num_bins = hist.shape[1]
+        grad = torch.empty(lower_all.numel(), dtype=ctx.input_dtype, device=hist.device)
+        for part, offset in _chunks(lower_all.numel(), ctx.shape[1], num_bins, hist.device):
+            index = lower_all[part].long().add_(offset)
+            pos = flat_pos[part].double()
+            at_lower = grad_h[index] + pos * grad_hp[index]
+            index += 1
+            at_upper = grad_h[index] + pos * grad_hp[index]
+            # ∂(lower weight)/∂s = +1/Δ, ∂(upper weight)/∂s = −1/Δ inside the range.
+            grad[part] = at_lower.sub_(at_upper).mul_(inside_all[part]).mul_(ctx.inv_width)
+        return grad.view(ctx.shape), None, None, None, None, None
 
 
 def softbin_ap(
@@ -122,7 +151,8 @@ def softbin_ap(
 
     Returns:
         (R,) SoftBin AP per row in ``scores.dtype``, differentiable w.r.t. ``scores``.
-        Extra memory O(R · D) (an int16 bin index and masks) + O(R · L).
+        Extra memory 3 bytes per item kept for backward (an int16 bin index and a
+        bool mask), O(R · L) histograms and chunk-sized temporaries.
     """
     low, high = check_sim_range(sim_range)
     return _SoftBinAP.apply(scores, positive, valid, check_num_bins(num_bins), low, high)
