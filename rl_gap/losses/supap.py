@@ -45,9 +45,10 @@ from rl_gap.losses.common import check_temperature
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.supap_flat import supap_one_list
 
-# Elements of one (chunk × D) comparison block: 2^22 float32 = 16 MiB; the
-# sweep holds about four such blocks at a time.
-DEFAULT_BLOCK_ELEMENTS = 1 << 22
+# Elements of one (chunk × D) block of the per-row sweep: 2^20 float32 = 4 MiB;
+# the sweep holds about six such blocks at a time. (The global loss's one-list
+# sweep, ``rl_gap/losses/supap_flat.py``, uses 2^22-element blocks.)
+DEFAULT_BLOCK_ELEMENTS = 1 << 20
 
 
 def h_minus(
@@ -151,7 +152,8 @@ def supap(
         rho: ρ ≥ 0, slope of H⁻ above the margin.
         offset: H⁻'s value at the start of the linear part (≥ 1 keeps the upper bound).
         margin: δ ≥ 0, width of the band (0, δ] where H⁻ = 1/2 + σ(t/τ).
-        chunk_size: positives per chunk; None keeps a chunk × D block near 2^22 elements.
+        chunk_size: positives per chunk; None keeps a chunk × D block near 2^20 elements
+            (2^22 for a one-row input).
 
     Returns:
         (R,) SupAP per row, differentiable w.r.t. ``scores`` (first order).
