@@ -193,3 +193,28 @@ def test_bad_plot_extension_fails_before_work_and_results_survive_a_plot_error(
     with pytest.raises(RuntimeError, match="renderer failed"):
         main([*base, "--plot", str(tmp_path / "curve.png")])
     assert json.loads(out.read_text())["estimators"]["count"]["map"] > 0
+
+
+def test_same_folder_for_queries_and_positives_is_leave_one_out(tmp_path):
+    rng = np.random.default_rng(5)
+    labels = np.repeat(np.arange(6), 3)  # 6 classes x 3 items
+    emb = rng.normal(size=(len(labels), 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    x = rng.normal(size=(3000, 8)).astype(np.float32)
+    (tmp_path / "set").mkdir()
+    np.save(tmp_path / "set" / "embeddings.npy", emb)
+    np.save(tmp_path / "set" / "labels.npy", labels)
+    np.save(tmp_path / "x.npy", x)
+    main(["extrapolate", "--queries", str(tmp_path / "set"), "--positives", str(tmp_path / "set"),
+          "--distractors", str(tmp_path / "x.npy"), "--gallery-size", "30000", "--k", "20",
+          "--n-boot", "20", "--no-progress", "--estimators", "count",
+          "--json", str(tmp_path / "r.json")])  # fmt: skip
+    res = json.loads((tmp_path / "r.json").read_text())
+    # Reference: each item's positives are the other two items of its class.
+    pos = torch.tensor(
+        [[float(emb[i] @ emb[j]) for j in range(len(labels)) if labels[j] == labels[i] and j != i]
+         for i in range(len(labels))],
+        dtype=torch.float64,
+    )  # fmt: skip
+    ref = predict_map(pos, torch.from_numpy(emb @ x.T), 30_000, k=20, estimator="count", n_boot=20)
+    assert res["estimators"]["count"]["map"] == pytest.approx(ref.map, abs=1e-6)

@@ -6,7 +6,9 @@ prediction writer holding ``embeddings.npy`` (n, d) and ``labels.npy`` (n,)):
 - ``--positives``    (P, d) positive embeddings, tied to queries either by
   ``--positive-query`` (P,) integer query indices, or by labels
   (``--query-labels`` (Q,), ``--positive-labels`` (P,): relevant iff equal;
-  a folder's ``labels.npy`` serves as these labels unless they are given);
+  a folder's ``labels.npy`` serves as these labels unless they are given;
+  when ``--queries`` and ``--positives`` are the same file or folder, an item
+  is never its own positive: leave-one-out);
 - ``--distractors``  (S, d) embeddings of an i.i.d. distractor sample (e.g.
   drawn with ``rl_gap.metrics.tail_sampling.sample_mask``); optional
   ``--distractor-ids`` (S,) assign the nested sub-samples by hash, otherwise
@@ -109,6 +111,13 @@ def load_array(path: str, name: str, layout: str) -> np.ndarray | torch.Tensor:
     raise ValueError(f"{name}: unsupported file type {path!r}; use .npy or .pt ({layout})")
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _folder_file(folder: str, filename: str, name: str) -> str:
     path = os.path.join(folder, filename)
     if not os.path.exists(path):
@@ -195,6 +204,10 @@ def _pairs(args, n_queries: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor
                 f"labels must be ({n_queries},) and ({n_pos},), got {tuple(ql.shape)}, {tuple(pl.shape)}"
             )
         qi, pj = (ql.view(-1, 1) == pl.view(1, -1)).nonzero(as_tuple=True)
+        if _same_file(args.queries, args.positives):
+            # Queries are the positives' own set: leave-one-out, an item is not its own positive.
+            keep = qi != pj
+            qi, pj = qi[keep], pj[keep]
         return qi, pj
     raise ValueError(
         "tie positives to queries with --positive-query, or --query-labels and --positive-labels "
