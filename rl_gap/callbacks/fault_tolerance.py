@@ -12,7 +12,9 @@
   position is part of every checkpoint (``rl_gap.data.sampler.ResumableBatchLoader``),
   so ``--ckpt_path last`` continues with exactly the batches the uninterrupted run would see;
 - :class:`RestoreLoaderPosition` hands the training loader its checkpointed
-  position back (Lightning saves it but does not restore it here);
+  position back (Lightning saves it but does not restore it here); ``rl-gap``
+  adds it to every run, a ``Trainer`` built in Python needs it in its callbacks
+  for an exact mid-epoch resume;
 - stores the run's training config (``rl_gap.run_config.training_config``) and
   W&B id in every checkpoint and, when fitting, refuses to resume a checkpoint
   whose config differs (naming the keys) unless ``force_resume``.
