@@ -91,3 +91,14 @@ def test_linear_probe_command_on_a_checkpoint(tmp_path):
     assert result["num_train"] == 4500 and result["num_val"] == 500
     # Random frozen features of digits still separate them far above chance (0.1).
     assert 0.3 < result["top1"] <= 1.0
+
+
+@pytest.mark.parametrize("option", ["--epochs", "--probe-batch-size"])
+def test_linear_probe_options_checked_before_the_feature_pass(tmp_path, option):
+    from rl_gap.cli import main
+
+    # the checkpoint does not even exist: the option error comes first
+    argv = ["linear-probe", "--checkpoint", str(tmp_path / "none.ckpt"), "--data", "mnist5k",
+            option, "0"]  # fmt: skip
+    with pytest.raises(ValueError, match=f"{option} must be >= 1"):
+        main(argv)

@@ -153,6 +153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_optimizer_settings("sgd", args.lr, args.weight_decay)  # before the feature pass
+    for option, value in (("--epochs", args.epochs), ("--probe-batch-size", args.probe_batch_size)):
+        if value < 1:
+            raise ValueError(f"{option} must be >= 1, got {value}")
     module = load_module(args.checkpoint, args.module_class, args.device)
     train_set, val_set = evaluation_datasets(args)
     train = extract_features(module, train_set, args.batch_size, args.num_workers, args.device)
