@@ -129,3 +129,42 @@ def test_bad_inputs_are_named():
         distractor_metrics(emb, labels, torch.ones_like(roles))
     with pytest.raises(ValueError, match="one per query"):
         normalize_scores(torch.zeros(3, 4), torch.zeros(4))
+
+
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_evaluate_embeddings_background_option_vs_sklearn(exclude_self):
+    from rl_gap.metrics.functional import evaluate_embeddings, evaluate_scores
+
+    g = torch.Generator().manual_seed(3)
+    emb = torch.nn.functional.normalize(torch.randn(30, 5, generator=g, dtype=torch.float64), dim=1)
+    q, b = emb[:14], emb[14:]
+    q_lab = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8])
+    db, d_lab = (None, q_lab) if exclude_self else (emb[:14].flip(0) * 0.9, q_lab.flip(0))
+    norm = ScoreNorm(beta=0.7, first=1, last=3)
+    got = evaluate_embeddings(
+        q, db, q_lab, d_lab, exclude_self=exclude_self, background=b, score_norm=norm,
+        ks=(1,), protocol=True,
+    )  # fmt: skip
+    d = q if db is None else db
+    offsets = 0.7 * np.sort((q @ b.T).numpy(), axis=1)[:, ::-1][:, 1:4].mean(1)  # by hand
+    scores = (q @ d.T).numpy() - offsets[:, None]
+    rel = (q_lab[:, None] == d_lab[None, :]).numpy()
+    valid = ~np.eye(14, dtype=bool) if exclude_self else np.ones((14, 14), dtype=bool)
+    assert got["gap"] == pytest.approx(
+        average_precision_score(rel[valid], scores[valid]), abs=1e-12
+    )
+    keep = (rel & valid).any(1)
+    aps = [
+        average_precision_score(r[v], s[v]) for r, s, v in zip(rel[keep], scores[keep], valid[keep])
+    ]
+    assert got["map"] == pytest.approx(np.mean(aps), abs=1e-12)
+    # the threshold protocol ranks the same shifted scores (dense path on the matrix)
+    dense = evaluate_scores(
+        torch.from_numpy(scores), torch.from_numpy(rel), torch.from_numpy(valid),
+        query_labels=q_lab, database_labels=d_lab,
+    )  # fmt: skip
+    for key in [k for k in dense if k.startswith("protocol_")]:
+        assert got[key] == pytest.approx(dense[key], abs=1e-12, nan_ok=True), key
+    assert got["num_distractor_queries"] == float((~keep).sum())
+    with pytest.raises(ValueError, match="background"):
+        evaluate_embeddings(q, None, q_lab, exclude_self=True, score_norm=norm)

@@ -28,6 +28,7 @@ from rl_gap.metrics.functional.protocol import (
     protocol_states,
     threshold_protocol_from_states,
 )
+from rl_gap.metrics.functional.score_norm import ScoreNorm, background_offsets, offset_embeddings
 from rl_gap.metrics.functional.state import RetrievalState, torch_threads
 
 __all__ = [
@@ -225,6 +226,8 @@ def evaluate_embeddings(
     device: torch.device | str | None = None,
     seed: int = 0,
     cache_bytes: int = 512 << 20,
+    background=None,
+    score_norm: ScoreNorm | None = None,
 ) -> dict[str, float]:
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
@@ -239,6 +242,9 @@ def evaluate_embeddings(
     a seeded split of the query classes, each half its own retrieval problem
     (``protocol.py``); ``bootstrap=n`` adds 95% intervals. ``cache_bytes``: memory
     for positive blocks kept between the engine's two passes (0: recompute them).
+    ``background`` ((B, dim) embeddings): rank query-side normalised scores
+    ``q . d - beta * mean of q's top background scores`` (``score_norm.py``;
+    ``score_norm`` default ``ScoreNorm()``, SSCD's beta 1, neighbours 0..2).
     See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
     the engine. Returns Python floats.
     """
@@ -252,6 +258,17 @@ def evaluate_embeddings(
     num_q = queries_t.shape[0]
     num_d = num_q if database is None else database.shape[0]
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
+    if background is not None:  # query-side score normalisation (score_norm.py)
+        offsets = background_offsets(
+            queries_t, as_tensor(background, "background"), score_norm or ScoreNorm()
+        )
+        queries_t, database = offset_embeddings(
+            queries_t, queries_t if database is None else database, offsets
+        )
+        if exclude_self:  # shifted scores are not symmetric: self pairs by index
+            query_index, exclude_self = self_index, False
+    elif score_norm is not None:
+        raise ValueError("score_norm needs background embeddings (background=)")
     if relevance_fn is not None:
         if relevant_pairs is not None:
             raise ValueError("give relevant_pairs or relevance_fn, not both")
