@@ -108,3 +108,38 @@ def test_wildlife_recipe_fast_dev_run(tmp_path, run_dir):
         float(metrics["val/num_distractor_queries"]) == 2 and float(metrics["val/num_queries"]) == 4
     )
     assert 0 < float(metrics["val/gap"]) <= float(metrics["val/gap_no_distractors"]) <= 1
+
+
+def test_mnist_distractor_demo_vs_sklearn(run_dir):
+    cli = run_lightning_cli(
+        ["fit", "--config", str(RECIPES.parent / "demo" / "mnist_distractor_gsap.yaml"),
+         "--output_dir", str(run_dir), "--trainer.fast_dev_run", "true", "--wandb", "off",
+         "--model.init_args.eval_plots", "false", "--model.init_args.backbone_kwargs", "{width: 4}",
+         "--data.init_args.queries_per_digit", "10", "--data.init_args.background_size", "50",
+         "--data.init_args.eval_batch_size", "2000"]
+    )  # fmt: skip
+    got = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    assert got["val/num_queries"] == 50 and got["val/num_distractor_queries"] == 20
+    dataset, roles = cli.datamodule.datasets["test"], cli.datamodule.evaluation_roles("test")
+    emb = _embed(cli.model, dataset)
+    labels = dataset.labels
+    q, d, b = emb[roles == 0], emb[roles == 1], emb[roles == 2]
+    assert len(b) == 50 and set(labels[roles == 0].tolist()) == {5, 6, 7, -1}
+    flat = dataset.images.flatten(1)
+    same = (flat[roles == 0][:, None] == flat[roles == 1][None]).all(-1)
+    assert not bool(same.any()), "a query image is also in the database"
+    rel = (labels[roles == 0][:, None] == labels[roles == 1][None, :]).numpy()
+    scores = (q @ d.T).numpy()
+    offsets = np.sort((q @ b.T).numpy(), axis=1)[:, ::-1][:, :3].mean(1)
+    pos = rel.any(1)
+    tol = 2e-4  # 73,500 pairs scored in float32 by the engine: near-ties vs this float64 copy
+    assert got["val/gap"] == pytest.approx(
+        average_precision_score(rel.ravel(), scores.ravel()), abs=tol
+    )
+    assert got["val/gap_no_distractors"] == pytest.approx(
+        average_precision_score(rel[pos].ravel(), scores[pos].ravel()), abs=tol
+    )
+    normed = scores - offsets[:, None]
+    assert got["val/norm_gap"] == pytest.approx(
+        average_precision_score(rel.ravel(), normed.ravel()), abs=tol
+    )
