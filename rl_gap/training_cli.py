@@ -61,6 +61,7 @@ from rl_gap.callbacks.fault_tolerance import (
     RestoreLoaderPosition,
 )
 from rl_gap.modules.base import RankingModule
+from rl_gap.resources import recipe_path
 from rl_gap.run_config import (
     check_config_file,
     config_mismatch,
@@ -148,6 +149,28 @@ def _config_file_args(words: list[str]) -> list[str]:
     return found
 
 
+def _with_shipped_recipes(words: list[str]) -> list[str]:
+    """``--config recipes/x/y.yaml`` outside a checkout: the recipe shipped in the package.
+
+    A path that exists is kept as given; one that does not but names a shipped recipe
+    (``recipes/demo/mnist_gsap.yaml`` or ``demo/mnist_gsap``) is replaced by the installed
+    file, so the README's commands also work from a wheel installed anywhere.
+    """
+    out = list(words)
+    for i, word in enumerate(out):
+        if i > 0 and out[i - 1] in ("--config", "-c"):
+            prefix, value = "", word
+        elif word.startswith("--config="):
+            prefix, value = "--config=", word.split("=", 1)[1]
+        else:
+            continue
+        if not Path(value).exists():
+            # a name that is neither a file nor a shipped recipe: check_config_file names it
+            with contextlib.suppress(FileNotFoundError):
+                out[i] = prefix + str(recipe_path(value))
+    return out
+
+
 def _newest_last_checkpoint(folder: Path) -> Path | None:
     """What ``--ckpt_path last`` loads from ``folder``: the newest ``last*.ckpt``."""
     candidates = [p for p in folder.glob("last*.ckpt") if p.is_file()] if folder.is_dir() else []
@@ -215,7 +238,10 @@ class RLGapCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         words = None
         if args is None or isinstance(args, (list, tuple)):
-            words = [str(w) for w in (sys.argv[1:] if args is None else args)]
+            words = _with_shipped_recipes(
+                [str(w) for w in (sys.argv[1:] if args is None else args)]
+            )
+            args = words
             for path in _config_file_args(words):
                 try:
                     check_config_file(path)

@@ -2,7 +2,7 @@
 
     rl-gap linear-probe --checkpoint runs/.../last.ckpt --data imagefolder \\
         --train-dir /data/imagenet/train --val-dir /data/imagenet/val --epochs 90
-    rl-gap linear-probe --checkpoint runs/demo/mnist_moco_gsap/checkpoints/last.ckpt --data mnist5k
+    rl-gap linear-probe --checkpoint runs/demo/mnist_moco_gsap/seed0/checkpoints/last.ckpt --data mnist5k
 
 Features are extracted once (evaluation transform: resize + centre crop) and
 the probe, a single ``nn.Linear``, is trained on them with SGD (momentum 0.9,
