@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
     parser.add_argument("--epochs", type=int, default=None, help="override the recipes' max_epochs")
     parser.add_argument(
-        "--output_dir", default="runs", help="runs go to <output_dir>/demo/mnist_<loss>/seed<N>[-<overrides hash>]"
+        "--output_dir",
+        default="runs",
+        help="runs go to <output_dir>/demo/mnist_<loss>/seed<N>[-<overrides hash>]",
     )
     args, extra = parser.parse_known_args(argv)
     results, seconds = {}, {}
