@@ -185,3 +185,41 @@ def test_leave_one_out_without_any_positive_is_refused(tmp_path):
     with pytest.raises(ValueError, match="other than itself"):
         main(["evaluate", "--queries", str(tmp_path / "q.npy"), "--query-labels",
               str(tmp_path / "ql.npy")])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "header, row",
+    [
+        ("label", "{label}"),
+        ("path,label", "img_{i}.jpg,{label}"),
+        ("id", "{label}"),
+        ("", "{label}"),
+    ],
+)
+def test_label_csv_header_is_not_a_label(tmp_path, header, row):
+    """A header row (named label column, or text above numbers) is dropped, never a label."""
+    q, d, ql, dl = _data(3)
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.save(tmp_path / "d.npy", d.numpy())
+    for name, labels in (("ql.csv", ql), ("dl.csv", dl)):
+        lines = [row.format(i=i, label=int(v)) for i, v in enumerate(labels)]
+        (tmp_path / name).write_text("\n".join(([header] if header else []) + lines) + "\n")
+    out = tmp_path / "metrics.json"
+    code = main([
+        "evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
+        "--query-labels", str(tmp_path / "ql.csv"), "--database-labels", str(tmp_path / "dl.csv"),
+        "--output", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    ref = evaluate_embeddings(q.double(), d.double(), ql, dl)
+    got = json.loads(out.read_text())
+    assert got["gap"] == pytest.approx(ref["gap"], abs=1e-6)
+    assert got["map"] == pytest.approx(ref["map"], abs=1e-6)
+
+
+def test_label_csv_with_only_a_header_is_refused(tmp_path):
+    np.save(tmp_path / "q.npy", np.zeros((2, 3), np.float32))
+    (tmp_path / "ql.csv").write_text("path,label\n")
+    with pytest.raises((ValueError, SystemExit), match="header but no labels"):
+        main(["evaluate", "--queries", str(tmp_path / "q.npy"),
+              "--query-labels", str(tmp_path / "ql.csv")])  # fmt: skip

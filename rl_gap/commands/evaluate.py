@@ -104,9 +104,44 @@ def load_labels(path: str) -> np.ndarray:
             raise ValueError(f"{p}: no label tensor; {_LAYOUT}")
         return obj.numpy()
     if p.suffix in (".txt", ".csv"):
-        lines = [line.strip() for line in p.read_text().splitlines()]
-        return np.asarray([line.split(",")[0] for line in lines if line])
+        rows = [line.strip() for line in p.read_text(encoding="utf-8-sig").splitlines()]
+        return _label_column(p, [[f.strip() for f in row.split(",")] for row in rows if row])
     raise ValueError(f"{p}: unknown label format {p.suffix!r}; {_LAYOUT}")
+
+
+_LABEL_HEADERS = ("label", "labels", "class", "class_id", "target")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _label_column(path: Path, rows: list[list[str]]) -> np.ndarray:
+    """One label per row of a text/CSV file, its header row (if any) recognised and dropped.
+
+    A first row naming a column ``label``/``class``/``class_id``/``target`` is a header and
+    that column holds the labels; a non-numeric first field above rows that are all numbers
+    is a header too (a header would otherwise be one more label, shifting every row by one).
+    """
+    if not rows:
+        raise ValueError(f"{path}: holds no labels")
+    column, body = 0, rows
+    names = [name.lower() for name in rows[0]]
+    named = [i for i, name in enumerate(names) if name in _LABEL_HEADERS]
+    if named:
+        column, body = named[0], rows[1:]
+    elif not _is_number(rows[0][0]) and len(rows) > 1 and all(_is_number(r[0]) for r in rows[1:]):
+        body = rows[1:]
+    short = [i for i, row in enumerate(body) if len(row) <= column]
+    if short:
+        raise ValueError(f"{path}: row {short[0] + 1 + (body is not rows)} has no column {column}")
+    if not body:
+        raise ValueError(f"{path}: holds a header but no labels")
+    return np.asarray([row[column] for row in body])
 
 
 def _as_numbers(labels: np.ndarray) -> np.ndarray | None:
