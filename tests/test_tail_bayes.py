@@ -18,6 +18,7 @@ from rl_gap.metrics.tail_bayes import (
     expected_precision,
     gpd_posterior,
     profile_on_xi_grid,
+    shape_integrated_survival,
 )
 from rl_gap.metrics.tail_curve import fit_curve
 
@@ -116,6 +117,40 @@ def test_profile_likelihood_matches_scipy_along_theta():
             )
             assert float(loglik[q, i]) == pytest.approx(-res.fun, abs=1e-6)
             assert res.x == pytest.approx(c0, abs=1e-4)
+
+
+@pytest.mark.parametrize("theta_scale", [-0.6, 0.8])
+def test_shape_integrated_survival_matches_numerical_integration(theta_scale):
+    """At fixed θ, P(Y > y) averaged over ξ under the GPD likelihood (flat prior on ξ,
+    σ = ξ/θ), integrated numerically with scipy's density, equals the closed form."""
+    integrate = pytest.importorskip("scipy.integrate")
+    g = np.random.default_rng(1)
+    y = scipy_stats.genpareto.rvs(c=-0.1, scale=1.0, size=30, random_state=g)
+    theta = theta_scale / y.max()
+    xi_hat = float(np.mean(np.log1p(theta * y)))
+    sign = -1.0 if theta < 0 else 1.0
+
+    def loglik(c):
+        return scipy_stats.genpareto.logpdf(y, c=c, scale=c / theta).sum()
+
+    peak = loglik(xi_hat)
+    lo, hi = (-60.0, -1e-9) if sign < 0 else (1e-9, 60.0)
+    norm = integrate.quad(lambda c: math.exp(loglik(c) - peak), lo, hi, points=[xi_hat], limit=200)[
+        0
+    ]
+    far = 0.95 * (-1.0 / theta) if theta < 0 else 5.0 * y.max()  # inside the endpoint −1/θ
+    for y0 in (0.5 * y.max(), 1.2 * y.max(), far):
+        want = integrate.quad(
+            lambda c, y0=y0: math.exp(loglik(c) - peak) * (1 + theta * y0) ** (-1 / c),
+            lo, hi, points=[xi_hat], limit=200,
+        )[0] / norm  # fmt: skip
+        got = shape_integrated_survival(
+            torch.tensor(y0, dtype=torch.float64),
+            torch.tensor(xi_hat / theta, dtype=torch.float64),
+            torch.tensor(xi_hat, dtype=torch.float64),
+            torch.tensor(30.0, dtype=torch.float64),
+        )
+        assert float(got) == pytest.approx(want, rel=1e-6)
 
 
 def test_posterior_concentrates_on_the_true_shape_and_reaches_beyond_the_endpoint():
