@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import average_precision_score
-from test_distractor_layouts import make_disc21, make_wildlife
+from test_distractor_layouts import make_disc21, make_ilias, make_met, make_wildlife
 
 from rl_gap.training_cli import run_lightning_cli
 
@@ -97,17 +97,28 @@ def test_recipes_parse_with_paper_values(recipe):
     assert cli.model.loss_config["neg_drop"] == 0.9  # paper §C.4
 
 
-def test_wildlife_recipe_fast_dev_run(tmp_path, run_dir):
-    root = make_wildlife(tmp_path / "wild")
+@pytest.mark.parametrize(
+    "recipe, make, extra, queries, distractors",
+    [
+        ("wildlife_gsap.yaml", make_wildlife, [], 4, 2),
+        ("met_gsap.yaml", make_met, [], 4, 2),
+        ("ilias_gsap.yaml", make_ilias, ["--data.init_args.train", "{root}/train",
+                                         "--data.init_args.background", "{root}/distractors"], 3, 1),
+    ],
+    ids=["wildlife", "met", "ilias"],
+)  # fmt: skip
+def test_recipe_fast_dev_run(tmp_path, run_dir, recipe, make, extra, queries, distractors):
+    root = make(tmp_path / "data")
     cli = run_lightning_cli(
-        ["fit", "--config", str(RECIPES / "wildlife_gsap.yaml"), "--data.init_args.root",
-         str(root), "--output_dir", str(run_dir), "--trainer.fast_dev_run", "true", *TINY]
+        ["fit", "--config", str(RECIPES / recipe), "--data.init_args.root", str(root),
+         "--output_dir", str(run_dir), "--trainer.fast_dev_run", "true", *TINY,
+         *[a.format(root=root) for a in extra]]
     )  # fmt: skip
-    metrics = cli.trainer.callback_metrics
-    assert (
-        float(metrics["val/num_distractor_queries"]) == 2 and float(metrics["val/num_queries"]) == 4
-    )
-    assert 0 < float(metrics["val/gap"]) <= float(metrics["val/gap_no_distractors"]) <= 1
+    metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    assert metrics["val/num_distractor_queries"] == distractors
+    assert metrics["val/num_queries"] == queries
+    assert 0 < metrics["val/gap"] <= metrics["val/gap_no_distractors"] <= 1
+    assert ("val/norm_gap" in metrics) == ("ilias" in recipe)  # the ILIAS recipe normalises
 
 
 def test_mnist_distractor_demo_vs_sklearn(run_dir):
