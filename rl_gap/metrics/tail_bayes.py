@@ -23,7 +23,8 @@ rank. For a query with S sampled distractors, positive j (K_S of them scoring
   over [xi_min, xi_max] with a prior on that shape, and over the exceedance rate
   ``ζ ~ Gamma(n_u, S)`` (so ``K' | ξ`` is negative binomial with r = n_u).
   Posterior mass on larger endpoints gives positives beyond the fitted
-  endpoint a small but non-zero hardness.
+  endpoint a small but non-zero hardness. At each θ the exceedance
+  probability is also averaged over the shape (:func:`shape_integrated_survival`).
 
 Then ``E[AP@k] = (1/min(k, m)) Σ_j E[ j/(j + K_N) · 1{j + K_N ≤ k} ]``, exact
 by linearity (as in ``tail_rank.expected_ap_at_k``). The threshold u is the
