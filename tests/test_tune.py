@@ -89,7 +89,6 @@ def test_tune_table_is_mean_std_of_final_runs_and_reproducible(tmp_path, monkeyp
         _tune(out, "--final-overrides", "--trainer.limit_val_batches 2")
 
 
-@pytest.mark.slow
 def test_same_command_same_table_and_resume_adds_only_missing_trials(tmp_path):
     one = ("--n-trials", "1", "--num-seeds", "1")
     _tune(tmp_path / "a", *one)
