@@ -82,25 +82,25 @@ class _SoftBinAP(torch.autograd.Function):
         num_rows, width = scores.shape
         flat = scores.detach().reshape(-1)
         flat_valid, flat_pos = valid.reshape(-1), positive.reshape(-1)
-        hist = flat.new_zeros(num_rows * num_bins, dtype=torch.float64)
-        hist_pos = torch.zeros_like(hist)
+        # Two stacked histograms, non-positives then positives: one index_add per side.
+        stride = num_rows * num_bins
+        both = flat.new_zeros(2 * stride, dtype=torch.float64)
         with_grad = ctx.needs_input_grad[0]
         # The bin index fits in int16 (num_bins ≤ 2^15): a quarter of an int64 index.
         lower_all = torch.empty(flat.numel(), dtype=torch.int16, device=flat.device)
         inside_all = torch.empty_like(flat_valid) if with_grad else None
         for part, offset in _chunks(flat.numel(), width, num_bins, flat.device):
-            s, ok, pos = flat[part], flat_valid[part], flat_pos[part]
+            s, ok = flat[part], flat_valid[part]
             lower, frac = _bin_items(s, num_bins, low, high)
             lower_all[part] = lower
             if with_grad:
                 inside_all[part] = (s >= low) & (s <= high) & ok
-            index = lower.add_(offset)
+            index = lower.add_(offset).add_(flat_pos[part] * stride)
             upper_w = frac.double().mul_(ok)
             lower_w = ok.double().sub_(upper_w)
-            hist.index_add_(0, index, lower_w).index_add_(0, index + 1, upper_w)
-            hist_pos.index_add_(0, index[pos], lower_w[pos])
-            hist_pos.index_add_(0, index[pos] + 1, upper_w[pos])
-        hist, hist_pos = hist.view(num_rows, num_bins), hist_pos.view(num_rows, num_bins)
+            both.index_add_(0, index, lower_w).index_add_(0, index.add_(1), upper_w)
+        hist_pos = both[stride:].view(num_rows, num_bins)
+        hist = both[:stride].view(num_rows, num_bins) + hist_pos
         num_pos = positive.sum(1).double()
         ap = fastap_from_histograms(hist, hist_pos, num_pos)
         if with_grad:
@@ -119,15 +119,15 @@ class _SoftBinAP(torch.autograd.Function):
             hp = hist_pos.detach().requires_grad_(True)
             ap = fastap_from_histograms(h, hp, num_pos)
             grad_h, grad_hp = torch.autograd.grad(ap, (h, hp), grad_output.double())
-        grad_h, grad_hp = grad_h.reshape(-1), grad_hp.reshape(-1)
+        # ∂AP/∂(weight in bin l) is grad_h[l] for any item, + grad_hp[l] for a positive.
+        table = torch.cat([grad_h.reshape(-1), (grad_h + grad_hp).reshape(-1)])
+        stride = grad_h.numel()
         num_bins = hist.shape[1]
         grad = torch.empty(lower_all.numel(), dtype=ctx.input_dtype, device=hist.device)
         for part, offset in _chunks(lower_all.numel(), ctx.shape[1], num_bins, hist.device):
-            index = lower_all[part].long().add_(offset)
-            pos = flat_pos[part].double()
-            at_lower = grad_h[index] + pos * grad_hp[index]
-            index += 1
-            at_upper = grad_h[index] + pos * grad_hp[index]
+            index = lower_all[part].long().add_(offset).add_(flat_pos[part] * stride)
+            at_lower = table.take(index)
+            at_upper = table.take(index.add_(1))
             # ∂(lower weight)/∂s = +1/Δ, ∂(upper weight)/∂s = −1/Δ inside the range.
             grad[part] = at_lower.sub_(at_upper).mul_(inside_all[part]).mul_(ctx.inv_width)
         return grad.view(ctx.shape), None, None, None, None, None
