@@ -89,8 +89,9 @@ def fine_moments(
     """Per fine cell, ``sum_j t_j^k`` for k = 0..N_f over the (valid) items, accumulated in float64.
 
     Returns:
-        (G_f + 2, N_f + 1) float64; row 0 holds the items below the window, the
-        last row those above it (only their counts are used).
+        (G_f + 2, N_f + 1) float64; the last row holds the items above the window
+        (only its count is used); row 0, the sink of the items below the window and
+        of invalid ones, is left 0 (nothing reads it; the native pass skips it).
     """
     if USE_NATIVE and fast_native.usable(scores, plan.bin_dtype, valid):
         return fast_native.moments(
@@ -122,6 +123,7 @@ def fine_moments(
                 real[:, 0].index_add_(0, row, values[:, 0].contiguous())
                 real[:, 1].index_add_(0, row, values[:, 1].contiguous())
     moments = torch.stack([torch.view_as_real(table) for table in tables], 1).reshape(rows, -1)
+    moments[0] = 0.0  # the sink row is not accumulated (as in the native pass)
     return moments[:, : plan.fine_order + 1]
 
 
