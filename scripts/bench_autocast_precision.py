@@ -22,7 +22,7 @@ import argparse
 import torch
 
 from rl_gap.losses import available_losses, build_loss
-from rl_gap.losses.common import full_precision_similarity
+from rl_gap.precision import full_precision_similarity
 
 SETTINGS = {
     "gsap": {"temperature": 0.01, "impl": "exact"},

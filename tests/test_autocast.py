@@ -465,7 +465,7 @@ def test_registration_gives_any_loss_the_precision_contract():
 
 def test_autocast_guard_accepts_devices_without_autocast():
     """Meta tensors (shape inference) have no autocast: the guard must not raise."""
-    from rl_gap.losses.common import full_precision_similarity
+    from rl_gap.precision import full_precision_similarity
 
     sim = full_precision_similarity(torch.empty(4, 3, device="meta", dtype=torch.bfloat16))
     assert sim.shape == (4, 4) and sim.dtype == torch.float32 and sim.device.type == "meta"

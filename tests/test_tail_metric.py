@@ -139,3 +139,21 @@ def test_ddp_two_ranks_equal_one_process(tmp_path):
     ref = single.compute()
     for key in ("map", "ci_low", "ci_high"):
         assert float(got[key]) == pytest.approx(float(ref[key]), abs=1e-9)
+
+
+def test_distractor_scores_are_float32_under_bf16_autocast():
+    """Streamed distractor embeddings are scored in float32 even inside a bf16 autocast
+    region (a bf16 GEMM ties and shifts the scores the hardness counts rank)."""
+    q, p, owner, x = make_data(seed=3)
+    reference = (q.double() @ x.double().T).sort(1, descending=True).values[:, :4000]
+    outs = []
+    for autocast in (False, True):
+        metric = TailExtrapolatedMAP(gallery_size=100_000, k=50, estimator="count", n_boot=50)
+        metric.update(queries=q, positives=p, positive_query=owner)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            metric.update(distractors=x, distractor_ids=torch.arange(x.shape[0]))
+        top, seen = metric._state().level(-1)  # the whole sample: (Q, 4000) sorted scores
+        assert seen == x.shape[0]
+        torch.testing.assert_close(top, reference, rtol=0, atol=1e-6)
+        outs.append(float(metric.compute()["map"]))
+    assert outs[0] == outs[1]

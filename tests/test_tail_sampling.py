@@ -99,3 +99,15 @@ def test_stream_scores_from_embeddings():
     )
     with pytest.raises(ValueError, match="scores must be"):
         state.push(torch.randn(4, 10))
+
+
+def test_stream_scores_float32_under_bf16_autocast():
+    g = torch.Generator().manual_seed(2)
+    q = torch.nn.functional.normalize(torch.randn(5, 32, generator=g), dim=1)
+    d = torch.nn.functional.normalize(torch.randn(2000, 32, generator=g), dim=1)
+    state = NestedTopK(5, 100)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stream_scores(q, d, state, block_size=512)
+    top, _ = state.level(-1)
+    expected = torch.sort(q.double() @ d.double().T, 1, descending=True).values[:, :100]
+    torch.testing.assert_close(top, expected, rtol=0, atol=1e-6)

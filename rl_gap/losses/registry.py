@@ -6,8 +6,8 @@ editing. ``build_loss(name, **kwargs)`` instantiates it, and
 ``loss:`` section, so swapping ``name`` alone swaps the loss.
 
 Registration also gives a loss the precision contract of
-:mod:`rl_gap.losses.common`: its ``forward`` is wrapped by
-:func:`~rl_gap.losses.common.full_precision`, so it ranks float32 (or float64)
+:mod:`rl_gap.precision`: its ``forward`` is wrapped by
+:func:`~rl_gap.precision.full_precision`, so it ranks float32 (or float64)
 similarities with autocast off even when called inside a ``bf16-mixed`` step.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from rl_gap.losses.common import full_precision
+from rl_gap.precision import full_precision
 
 _LOSSES: dict[str, type[nn.Module]] = {}
 

@@ -81,10 +81,10 @@ def distractor_metrics(
     group, num_groups = query_groups(has_positive)
 
     def metrics(q: Tensor, d: Tensor) -> tuple[dict[str, float], RetrievalState]:
-        with torch.autocast(q.device.type, enabled=False):  # rank float32 scores, never bf16
-            state = state_from_embeddings(
-                q, d, q_lab, d_lab, query_group=group, num_groups=num_groups, block_size=block_size
-            )
+        # the engine scores in float32 with autocast off (rl_gap/precision.py)
+        state = state_from_embeddings(
+            q, d, q_lab, d_lab, query_group=group, num_groups=num_groups, block_size=block_size
+        )
         return metrics_from_state(state, ks, precisions, map_at, ceiling=False), state
 
     out, state = metrics(queries, database)

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from rl_gap.metrics.functional.state import no_autocast
+from rl_gap.precision import autocast_disabled
 
 
 def _check_features(name: str, features: torch.Tensor, labels: torch.Tensor) -> None:
@@ -80,7 +80,7 @@ def weighted_knn_scores(
     out = []
     for start in range(0, query_features.shape[0], chunk_size):
         queries = F.normalize(query_features[start : start + chunk_size].to(bank), dim=1)
-        with no_autocast(bank.device):  # rank float32 similarities under autocast too
+        with autocast_disabled(bank):  # rank float32 similarities under autocast too
             sims, idx = (queries @ bank.T).topk(k, dim=1)
         weights = (sims / temperature).exp()
         votes = torch.zeros(queries.shape[0], num_classes, dtype=bank.dtype, device=bank.device)

@@ -21,6 +21,7 @@ from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, ESTIMATORS, TailEstimate, Tai
 from rl_gap.metrics.tail_estimate import resolve_rank_law
 from rl_gap.metrics.tail_hardness import DEFAULT_CONFIG, TailConfig
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
+from rl_gap.precision import full_precision_similarity
 
 
 def _first_rank(stacked: torch.Tensor) -> torch.Tensor:
@@ -157,7 +158,7 @@ class TailExtrapolatedMAP(Metric):
                     if distractor_ids is None
                     else distractor_ids[start : start + self.block_size]
                 )
-                self._push(self.queries @ block.T, ids)
+                self._push(full_precision_similarity(self.queries, block), ids)
         if distractor_scores is not None:
             if (
                 distractor_scores.dim() != 2

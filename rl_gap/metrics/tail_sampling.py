@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rl_gap.precision import full_precision_similarity
+
 _GOLDEN64 = np.uint64(0x9E3779B97F4A7C15)
 
 #: Nested sub-sample fractions kept by default (the plot's measured points and
@@ -223,7 +225,7 @@ def stream_scores(
     for start in range(0, n, block_size):
         block = distractors[start : start + block_size]
         block = torch.as_tensor(np.asarray(block) if not isinstance(block, torch.Tensor) else block)
-        scores = q @ block.to(torch.float32).T
+        scores = full_precision_similarity(q, block.to(torch.float32))
         state.push(scores, part[start : start + block_size])
         if progress is not None:
             progress(min(n, start + block_size))

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import nn
 
-from rl_gap.losses.common import full_precision_normalize
+from rl_gap.precision import full_precision_normalize
 
 Tokenizer = Callable[..., torch.Tensor]
 

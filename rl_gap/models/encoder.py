@@ -18,7 +18,7 @@ import torch
 from timm.models import register_model
 from torch import nn
 
-from rl_gap.losses.common import full_precision_normalize
+from rl_gap.precision import full_precision_normalize
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from torch import nn
 
 from rl_gap.data.image_text import RETRIEVAL_IMAGES, RETRIEVAL_TEXTS, ZERO_SHOT
 from rl_gap.losses import dist
-from rl_gap.losses.common import full_precision_similarity
 from rl_gap.metrics.functional import evaluate_embeddings
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder
 from rl_gap.modules.base import RankingModule
+from rl_gap.precision import full_precision_similarity
 
 RECALL_KS = (1, 5, 10)
 # The engine reports more (counts, thresholds, F1); these are the paper's columns.

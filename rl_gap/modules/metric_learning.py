@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from rl_gap.losses.common import full_precision_similarity
 from rl_gap.models.encoder import EmbeddingEncoder
 from rl_gap.modules.base import RankingModule
+from rl_gap.precision import full_precision_similarity
 
 
 def same_label_relevance(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

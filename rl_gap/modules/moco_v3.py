@@ -32,7 +32,6 @@ from torchmetrics.utilities import dim_zero_cat
 
 import rl_gap.optim_lars  # noqa: F401  (registers the "lars" optimizer)
 from rl_gap.losses import get_loss_class
-from rl_gap.losses.common import full_precision_normalize, full_precision_similarity
 from rl_gap.metrics.knn import WeightedKNNAccuracy
 from rl_gap.models.moco import (
     MoCoEncoder,
@@ -45,6 +44,7 @@ from rl_gap.models.moco import (
     momentum_update,
 )
 from rl_gap.modules.base import RankingModule
+from rl_gap.precision import full_precision_normalize, full_precision_similarity
 
 DEFAULT_LOSS = {"name": "infonce", "temperature": 0.2, "symmetric": False}
 

@@ -36,10 +36,10 @@ from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
     compute_dtype_for,
-    no_autocast,
     torch_threads,
     unique_sorted,
 )
+from rl_gap.precision import autocast_disabled
 
 __all__ = [
     "state_from_embeddings",
@@ -217,7 +217,7 @@ def _state_from_embeddings(
         """Score block; ``reuse`` writes it into one recycled buffer (a fresh 16 MB
         block costs milliseconds of page faults), valid until the next such call."""
         q_blk = query_block(r0, r1) if q_blk is None else q_blk
-        with torch_threads(heavy_threads), no_autocast(device):
+        with torch_threads(heavy_threads), autocast_disabled(device):
             if not reuse:
                 return q_blk @ db_dev[c0:c1].T
             if not reusable:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rl_gap.precision import autocast_disabled
+
 __all__ = ["ScoreNorm", "background_offsets", "normalize_scores", "offset_embeddings"]
 
 
@@ -97,7 +99,7 @@ def background_offsets(
     dtype = torch.float64 if torch.float64 in (q.dtype, b.dtype) else torch.float32
     q, b = q.to(dtype), b.to(dtype=dtype, device=q.device)
     top = torch.full((q.shape[0], 0), float("-inf"), dtype=dtype, device=q.device)
-    with torch.autocast(q.device.type, enabled=False):
+    with autocast_disabled(q):
         for start in range(0, b.shape[0], block_size):
             scores = q @ b[start : start + block_size].T
             merged = torch.cat([top, scores], dim=1)

@@ -15,7 +15,7 @@ for P positive pairs, whatever the number of negatives.
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +30,6 @@ __all__ = [
     "argsort_stable",
     "unique_sorted",
     "torch_threads",
-    "no_autocast",
 ]
 
 
@@ -51,17 +50,6 @@ def torch_threads(count: int):
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def no_autocast(device: torch.device | str):
-    """Context disabling autocast on ``device``: scores are ranked in the scoring dtype
-    (float32/float64) even when the caller runs under ``torch.autocast`` (a bf16 GEMM
-    would tie and reorder similarities, giving different metrics)."""
-    device_type = torch.device(device).type
-    try:
-        return torch.autocast(device_type=device_type, enabled=False)
-    except RuntimeError:  # a device type without autocast support
-        return nullcontext()
 
 
 # torch's parallel CPU sort/unique degrade badly when cores are oversubscribed
