@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_gap.metrics.tail_gpd import gpd_survival
+from rl_gap.metrics.tail_hardness import sample_weights
 
 
 @dataclass(frozen=True)
@@ -222,13 +223,6 @@ def shape_integrated_survival(
     return torch.where(inside > 0, out, torch.zeros_like(out))
 
 
-def _cum_weights(top: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    finite = torch.isfinite(top)
-    if weight is None:
-        return finite.to(torch.float64)
-    return torch.where(finite, weight.to(torch.float64), torch.zeros_like(top, dtype=torch.float64))
-
-
 def gpd_posterior(
     top: torch.Tensor,
     n_sample: int,
@@ -246,7 +240,7 @@ def gpd_posterior(
     top = top.to(torch.float64)
     Q, T = top.shape
     n_exc = max(1, min(config.n_excess, n_sample - 1, T - 1))
-    w = _cum_weights(top, weight)
+    w = sample_weights(top, weight)
     cum = torch.cumsum(w, 1)
     idx_u = (cum <= n_exc).sum(1)
     has_u = idx_u < T

@@ -68,7 +68,9 @@ class TailFit:
     ok: torch.Tensor
 
 
-def _weights(top: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+def sample_weights(top: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """(Q, T) float64 multiplicity of each kept sample score (bootstrap ``weight``, else 1);
+    0 for the -inf padding."""
     finite = torch.isfinite(top)
     if weight is None:
         return finite.to(torch.float64)
@@ -100,7 +102,7 @@ def sample_counts(
         valid, pos_sorted.to(torch.float64), torch.zeros_like(pos_sorted, dtype=torch.float64)
     )
     n_ge = T - torch.searchsorted(top.flip(1).contiguous(), probe.contiguous(), side="left")
-    cum = torch.cumsum(_weights(top, weight), dim=1)
+    cum = torch.cumsum(sample_weights(top, weight), dim=1)
     counts = torch.where(n_ge > 0, cum.gather(1, (n_ge - 1).clamp_min(0)), torch.zeros_like(probe))
     saturated = valid & (n_ge == T) & torch.isfinite(top[:, -1:])
     return torch.where(valid, counts, torch.zeros_like(counts)), saturated
@@ -124,7 +126,7 @@ def fit_tail(
     Q, T = top.shape
     n_eff = min(config.n_top, n_sample, T)
     n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
-    w = _weights(top, weight)
+    w = sample_weights(top, weight)
     cum = torch.cumsum(w, dim=1)
     # u is the first kept score reached after n_exc (weighted) exceedances.
     idx_u = (cum <= n_exc).sum(1)
