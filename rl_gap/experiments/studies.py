@@ -96,16 +96,8 @@ def neg_drop_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for a in args.alphas:
         if not 0.0 <= a < 1.0:
             raise ValueError(f"--alphas must be in [0, 1), got {a}")
-    out = Path(args.output or "runs/studies/neg_drop").resolve()
-    settings = [
-        Setting({"loss": recipe_loss(r), "alpha": a}, r,
-                ("--model.init_args.loss.neg_drop", repr(a)), f"{recipe_loss(r)}/alpha_{a:g}")
-        for r in args.recipes for a in args.alphas
-    ]  # fmt: skip
-    start = time.perf_counter()
-    rows = run_grid(runner_from_args(args, "neg_drop"), settings, out, _seeds(args))
-    return _finish(
-        "neg_drop", out, rows, ["loss", "alpha"], time.perf_counter() - start,
+    return _sweep(
+        args, "neg_drop", "alpha", "--model.init_args.loss.neg_drop", args.alphas,
         lambda agg, path: plot_against(
             agg, "alpha", path, "α, fraction of negatives dropped (log scale of 1 − α)",
             transform=lambda a: 1.0 - a, tick_labels=True,
@@ -123,18 +115,26 @@ def temperature_main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for t in args.temperatures:
         if not t > 0:
             raise ValueError(f"--temperatures must be > 0, got {t}")
-    out = Path(args.output or "runs/studies/temperature").resolve()
-    settings = [
-        Setting({"loss": recipe_loss(r), "tau": t}, r,
-                ("--model.init_args.loss.temperature", repr(t)), f"{recipe_loss(r)}/tau_{t:g}")
-        for r in args.recipes for t in args.temperatures
-    ]  # fmt: skip
-    start = time.perf_counter()
-    rows = run_grid(runner_from_args(args, "temperature"), settings, out, _seeds(args))
-    return _finish(
-        "temperature", out, rows, ["loss", "tau"], time.perf_counter() - start,
+    return _sweep(
+        args, "temperature", "tau", "--model.init_args.loss.temperature", args.temperatures,
         lambda agg, path: plot_against(agg, "tau", path, "temperature τ (log)"),
     )  # fmt: skip
+
+
+def _sweep(
+    args: argparse.Namespace, study: str, column: str, flag: str, values: list[float], plot: Any
+) -> list[dict[str, Any]]:
+    """Train every recipe at every value of one loss setting over the seeds; aggregate,
+    write the tables and the plot (``runs/studies/<study>`` unless ``--output``)."""
+    out = Path(args.output or f"runs/studies/{study}").resolve()
+    settings = [
+        Setting({"loss": recipe_loss(r), column: v}, r, (flag, repr(v)),
+                f"{recipe_loss(r)}/{column}_{v:g}")
+        for r in args.recipes for v in values
+    ]  # fmt: skip
+    start = time.perf_counter()
+    rows = run_grid(runner_from_args(args, study), settings, out, _seeds(args))
+    return _finish(study, out, rows, ["loss", column], time.perf_counter() - start, plot)
 
 
 def _seeds(args: argparse.Namespace) -> list[int]:
