@@ -9,28 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from surrogate_refs import flat_one_row, make_batch, value_and_grad
-from torch.utils._python_dispatch import TorchDispatchMode
+from test_losses_sap import LargestTensor
 
 from rl_gap.losses import build_loss, loss_from_config
 
 PER_QUERY = ["softbin", "blackbox", "supap"]
 GLOBAL = ["gsoftbin", "gblackbox", "gsupap"]
 ALL = PER_QUERY + GLOBAL
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any aten op produces (forward and backward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 def metric_batch(batch: int = 64, seed: int = 9):

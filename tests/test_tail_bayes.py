@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_tail import reference_ap_at_k
 
 from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, predict_map
 from rl_gap.metrics.tail_bayes import (
@@ -24,17 +25,6 @@ from rl_gap.metrics.tail_curve import fit_curve
 
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_optimize = pytest.importorskip("scipy.optimize")
-
-
-def reference_ap_at_k(pos: list[float], neg: list[float], k: int) -> float:
-    """Exact AP@k with pessimistic ties, by brute force over the whole list."""
-    items = list(pos) + list(neg)
-    total = 0.0
-    for s in pos:
-        rank = sum(1 for a in items if a >= s)
-        if rank <= k:
-            total += sum(1 for p in pos if p >= s) / rank
-    return total / min(k, len(pos))
 
 
 def small_world(seed: int, Q: int = 12, m: int = 4, S: int = 5000):
