@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -54,10 +55,32 @@ def stream_world(world: World, pool: int, rate: float, k: int, block: int, seed:
     return full, sample, time.perf_counter() - t0
 
 
+def cached_stream(world: World, args: argparse.Namespace):
+    """``stream_world``, or its states saved by an earlier run with the same settings."""
+    if not args.cache:
+        return stream_world(world, args.pool, args.rate, args.k, args.block, args.seed)
+    key = f"{world.name}-q{args.queries}-m{args.max_pos}-n{args.pool}-r{args.rate}-k{args.k}-s{args.seed}"
+    path = os.path.join(args.cache, key + ".pt")
+    if os.path.exists(path):
+        saved = torch.load(path)
+        states = [
+            NestedTopK.from_tensors(saved[f"{n}_top"], saved[f"{n}_seen"], saved[f"{n}_fractions"])
+            for n in ("full", "sample")
+        ]
+        return states[0], states[1], saved["seconds"]
+    full, sample, seconds = stream_world(world, args.pool, args.rate, args.k, args.block, args.seed)
+    os.makedirs(args.cache, exist_ok=True)
+    saved = {"seconds": seconds}
+    for n, state in (("full", full), ("sample", sample)):
+        saved.update({f"{n}_top": state.top, f"{n}_seen": state.seen})
+        saved[f"{n}_fractions"] = state.fractions
+    torch.save(saved, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return full, sample, seconds
+
+
 def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str, ...]) -> dict:
-    full, sample, stream_s = stream_world(
-        world, args.pool, args.rate, args.k, args.block, args.seed
-    )
+    full, sample, stream_s = cached_stream(world, args)
     truth_pred = TailPredictor(world.pos_scores, full, args.k)
     truth = truth_pred.estimate("sample", args.pool, n_boot=10).map
     pred = TailPredictor(world.pos_scores, sample, args.k, seed=args.seed)
@@ -98,6 +121,25 @@ def print_table(rows: list[dict], estimators: tuple[str, ...], args: argparse.Na
         print(f"{name:<12}{cells}{mae:>12.4f}{cover:>6d}/{len(rows)}{secs:>11.2f}s")
 
 
+def print_summary(rows: list[dict], estimators: tuple[str, ...], seeds: list[int]) -> None:
+    """Mean |err| per world over the seeds, and over every (world, seed) cell."""
+    worlds = list(dict.fromkeys(r["world"] for r in rows))
+    print(f"\nsummary over seeds {', '.join(map(str, seeds))}: mean |err| per world; covered cells")
+    print(
+        f"{'estimator':<12}"
+        + "".join(f"{w:>16}" for w in worlds)
+        + f"{'mean |err|':>12}{'covered':>9}"
+    )
+    for name in estimators:
+        cells = []
+        for w in worlds:
+            errs = [abs(r[name]["err"]) for r in rows if r["world"] == w]
+            cells.append(f"{np.mean(errs):>16.4f}")
+        mae = np.mean([abs(r[name]["err"]) for r in rows])
+        cover = sum(r[name]["covered"] for r in rows)
+        print(f"{name:<12}{''.join(cells)}{mae:>12.4f}{cover:>6d}/{len(rows)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", default=",".join(WORLDS), help="comma-separated subset of worlds")
@@ -108,30 +150,48 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--pool", type=int, default=2_000_000, help="distractor pool size N")
     p.add_argument("--rate", type=float, default=0.05, help="sampling rate (S = rate·N)")
-    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--max-pos", type=int, default=6)
     p.add_argument("--k", type=int, default=1000)
     p.add_argument("--block", type=int, default=65536)
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds (overrides --seed): one table per seed, then the summary",
+    )
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="folder for the streamed states (re-used by later runs with the same settings)",
+    )
     args = p.parse_args(argv)
     worlds = [w.strip() for w in args.worlds.split(",") if w.strip()]
     estimators = tuple(e.strip() for e in args.estimators.split(",") if e.strip())
     unknown = [e for e in estimators if e.partition("/")[0] not in ESTIMATORS]
     if unknown:
         raise SystemExit(f"unknown estimators {unknown}; known: {', '.join(ESTIMATORS)}")
-    rows = []
-    for name in worlds:
-        world = World(name, args.queries, args.max_pos, args.seed)
-        row = evaluate_world(world, args, estimators)
-        rows.append(row)
-        summary = "  ".join(f"{e} {row[e]['err']:+.4f}" for e in estimators)
-        print(f"{name:>16}: truth {row['truth']:.4f}  {summary}", flush=True)
-    print_table(rows, estimators, args)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    all_rows = []
+    for seed in seeds:
+        args.seed = seed
+        rows = []
+        for name in worlds:
+            world = World(name, args.queries, args.max_pos, seed)
+            row = evaluate_world(world, args, estimators)
+            row["seed"] = seed
+            rows.append(row)
+            summary = "  ".join(f"{e} {row[e]['err']:+.4f}" for e in estimators)
+            print(f"{name:>16}: truth {row['truth']:.4f}  {summary}", flush=True)
+        print_table(rows, estimators, args)
+        all_rows.extend(rows)
+    if len(seeds) > 1:
+        print_summary(all_rows, estimators, seeds)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "args": vars(args)}, f, indent=2)
+            json.dump({"rows": all_rows, "args": vars(args)}, f, indent=2)
     return 0
 
 

@@ -16,12 +16,12 @@ from test_tail import reference_ap_at_k
 from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, predict_map
 from rl_gap.metrics.tail_bayes import (
     BayesTailConfig,
-    expected_precision,
     gpd_posterior,
     profile_on_xi_grid,
     shape_integrated_survival,
 )
 from rl_gap.metrics.tail_curve import fit_curve
+from rl_gap.metrics.tail_rank import expected_precision
 
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_optimize = pytest.importorskip("scipy.optimize")

@@ -23,6 +23,8 @@ Two ways to turn hardness into a prediction:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 RANK_LAWS = ("plugin", "binomial", "poisson")
@@ -157,3 +159,67 @@ def ap_at_k_from_hardness(
     if rank_law in ("binomial", "poisson"):
         return expected_ap_at_k(j, valid, hardness, gallery_size, k, law=rank_law)
     raise ValueError(f"unknown rank_law {rank_law!r}; known: {', '.join(RANK_LAWS)}")
+
+
+def expected_precision(
+    j: torch.Tensor,
+    base: torch.Tensor,
+    r: torch.Tensor,
+    mean: torch.Tensor,
+    mix: torch.Tensor,
+    k: int,
+    max_elements: int = 1 << 23,
+) -> torch.Tensor:
+    """E[ j/(j + base + K') · 1{j + base + K' ≤ k} ] with K' a mixture of negative binomials.
+
+    Args:
+        j: (P,) tie-aware positive index.
+        base: (P,) known count (sampled distractors ≥ the positive).
+        r: (P,) negative-binomial size (> 0), shared by the components.
+        mean: (P, G) negative-binomial mean (≥ 0; 0 = no further distractor).
+        mix: (P, G) mixture weights (rows sum to 1).
+        k: AP cut-off.
+
+    Returns:
+        (P,) float64.
+    """
+    # Components no positive gives weight to cost time and add nothing.
+    keep = (mix > 1e-10).any(0)
+    mean, mix = mean[:, keep], mix[:, keep]
+    mix = mix / mix.sum(1, keepdim=True).clamp_min(1e-300)
+    P, G = mean.shape
+    out = torch.zeros(P, dtype=torch.float64)
+    room = (k - j - base).to(torch.float64)  # largest K' still inside the top k
+    live = room >= 0
+    if not bool(live.any()) or P == 0:
+        return out
+    width = int(room[live].max()) + 1
+    kk = torch.arange(width, dtype=torch.float64)
+    lg_k1 = torch.lgamma(kk + 1.0)
+    rows = max(1, max_elements // max(1, G * width))
+    idx_live = live.nonzero().squeeze(1)
+    for start in range(0, idx_live.numel(), rows):
+        sel = idx_live[start : start + rows]
+        rr = r[sel].to(torch.float64)  # (p,): one size per positive
+        mu = mean[sel].to(torch.float64)  # (p, G)
+        # log NB(K; r, μ) = [lgamma(K + r) − lgamma(r) − lgamma(K + 1)] + r·log(r/(r+μ)) + K·log(μ/(r+μ));
+        # the bracket depends on (positive, K) only, not on the mixture component.
+        head = (
+            torch.lgamma(kk + rr.unsqueeze(1)) - torch.lgamma(rr).unsqueeze(1) - lg_k1
+        )  # (p, width)
+        r_log = rr.unsqueeze(1) * (torch.log(rr).unsqueeze(1) - torch.log(rr.unsqueeze(1) + mu))
+        log_q = torch.log(mu / (rr.unsqueeze(1) + mu))  # (p, G), -inf where μ = 0
+        slope = torch.where(mu > 0, log_q, torch.zeros_like(log_q)).unsqueeze(-1)
+        log_p = head.unsqueeze(1) + r_log.unsqueeze(-1) + kk * slope
+        # μ = 0: all mass at K' = 0.
+        log_p = torch.where(
+            (mu > 0).unsqueeze(-1) | (kk == 0), log_p, torch.full_like(log_p, -math.inf)
+        )
+        pmf = torch.exp(log_p)  # (p, G, width)
+        jj = j[sel].to(torch.float64).view(-1, 1)
+        bb = base[sel].to(torch.float64).view(-1, 1)
+        prec = jj / (jj + bb + kk)  # (p, width)
+        prec = torch.where(kk <= room[sel].view(-1, 1), prec, torch.zeros_like(prec))
+        per_comp = (pmf * prec.unsqueeze(1)).sum(-1)  # (p, G)
+        out[sel] = (per_comp * mix[sel].to(torch.float64)).sum(-1)
+    return out

@@ -33,6 +33,9 @@ import torch
 
 WORLDS = ("isotropic", "lowdim", "mixture", "student_t", "hierarchical", "near_duplicates")
 
+#: Fraction of the pool that is a noisy copy of one given query (``near_duplicates``).
+DUPLICATES_PER_QUERY = 5e-5
+
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(x, dim=1)
@@ -74,8 +77,13 @@ class World:
             noise = torch.randn(Q, m, d, generator=g) / math.sqrt(d)
             pos = _unit((self.queries.unsqueeze(1) + tau * noise).reshape(-1, d)).reshape(Q, m, d)
             scores = (pos * self.queries.unsqueeze(1)).sum(-1)
-            # Near-duplicates: ~100 per query in a 2M pool (≈ 5 in a 5% sample).
-            self.dup_rate = 1e-2 if name == "near_duplicates" else 0.0
+            # Near-duplicates: ~100 per query in a 2M pool (≈ 5 in a 5% sample),
+            # whatever the number of queries (the rate is per query).
+            self.dup_rate = DUPLICATES_PER_QUERY * Q if name == "near_duplicates" else 0.0
+            if self.dup_rate > 1.0:
+                raise ValueError(
+                    f"near_duplicates supports at most {int(1 / DUPLICATES_PER_QUERY)} queries"
+                )
         elif name == "mixture":
             latent, n_comp = 48, 64
             self.centers = torch.randn(n_comp, latent, generator=g)
