@@ -35,11 +35,11 @@ by linearity (as in ``tail_rank.expected_ap_at_k``). The threshold u is the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail_drift import drift_survival, fit_shape_drift, threshold_depths
+from rl_gap.metrics.tail_gpd import gpd_survival
 from rl_gap.metrics.tail_hardness import sample_weights
 from rl_gap.metrics.tail_rank import expected_precision
 
@@ -62,11 +62,7 @@ class BayesTailConfig:
             "flat" (uniform on [xi_min, xi_max]).
         integrate_shape: at each θ, integrate the exceedance probability over
             the shape ξ (closed form, :func:`shape_integrated_survival`)
-            instead of plugging in ξ̂(θ) (the previous default; no drift then).
-        drift: let the shape drift with depth (``tail_drift``), the drift
-            coefficient estimated from thresholds with n_excess·2^i
-            exceedances, i < drift_levels, on at most drift_queries queries
-            (evenly spaced; the drift is shared by all queries).
+            instead of plugging in ξ̂(θ).
     """
 
     n_excess: int = 100
@@ -76,10 +72,7 @@ class BayesTailConfig:
     min_count: int = 5
     min_excesses: int = 10
     prior: str = "empirical"
-    integrate_shape: bool = False
-    drift: bool = True
-    drift_levels: int = 5
-    drift_queries: int = 200
+    integrate_shape: bool = True
 
 
 DEFAULT_BAYES = BayesTailConfig()
@@ -96,8 +89,6 @@ class GPDPosterior:
         weight: (Q, G) posterior weights (rows sum to 1).
         n_u: (Q,) (weighted) exceedances; zeta: (Q,) n_u / S.
         ok: (Q,) False where the tail is degenerate (the estimator counts).
-        drift: c of the shape drift ξ(L) = ξ + c·(1/L − 1/depth_c) (``tail_drift``).
-        depth_u, depth_c: depth of the threshold and mean depth of its excesses.
     """
 
     threshold: torch.Tensor
@@ -107,9 +98,6 @@ class GPDPosterior:
     n_u: torch.Tensor
     zeta: torch.Tensor
     ok: torch.Tensor
-    drift: float = 0.0
-    depth_u: float = 1.0
-    depth_c: float = 1.0
 
     @property
     def xi_mean(self) -> torch.Tensor:
@@ -199,15 +187,6 @@ def empirical_log_prior(logw: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor) 
     """
     if not bool(ok.any()):
         return torch.full_like(xi, -math.log(xi.numel()))
-    means, prior, score = _empirical_prior_scores(logw, ok, xi)
-    best = int(score.argmax())
-    return torch.log(prior.reshape(-1, xi.numel())[best].clamp_min(1e-300))
-
-
-def _empirical_prior_scores(
-    logw: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Normal priors on the ξ grid (M means × D spreads) and their log marginal likelihoods."""
     like = torch.exp(logw[ok] - logw[ok].amax(1, keepdim=True))  # (q, G)
     lo, hi = float(xi.min()), float(xi.max())
     means = torch.linspace(lo, hi, 4 * xi.numel(), dtype=torch.float64)
@@ -216,29 +195,9 @@ def _empirical_prior_scores(
     prior = torch.exp(-0.5 * z**2)
     prior = prior / prior.sum(-1, keepdim=True)  # (M, D, G)
     marginal = torch.einsum("qg,mdg->mdq", like, prior).clamp_min(1e-300)
-    return means, prior, torch.log(marginal).sum(-1)  # (M, D)
-
-
-def pooled_shape(loglik: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor) -> float:
-    """Maximum-likelihood shape shared by the ok rows, refined between grid points.
-
-    The rows' profile log-likelihoods (σ maximised per row) are summed on the
-    ξ grid; a parabola through the best grid point and its neighbours places
-    the maximum between grid points, so that small shape changes across
-    thresholds (the drift ladder) are not rounded to the grid. NaN when no row
-    is ok.
-    """
-    if not bool(ok.any()):
-        return math.nan
-    total = loglik[ok].sum(0)
-    best = int(total.argmax())
-    if 0 < best < xi.numel() - 1:
-        a, b, c = (float(v) for v in total[best - 1 : best + 2])
-        curvature = a - 2.0 * b + c
-        if curvature < 0:
-            step = 0.5 * (a - c) / curvature
-            return float(xi[best]) + step * float(xi[best + 1] - xi[best])
-    return float(xi[best])
+    score = torch.log(marginal).sum(-1)  # (M, D)
+    best = int(score.argmax())
+    return torch.log(prior.reshape(-1, xi.numel())[best].clamp_min(1e-300))
 
 
 def shape_integrated_survival(
@@ -270,7 +229,6 @@ def gpd_posterior(
     n_sample: int,
     weight: torch.Tensor | None = None,
     config: BayesTailConfig = DEFAULT_BAYES,
-    drift: float | None = None,
 ) -> GPDPosterior:
     """Threshold, exceedance rate and ξ posterior of every query's sampled tail.
 
@@ -279,8 +237,6 @@ def gpd_posterior(
         n_sample: S.
         weight: optional (Q, T) multiplicities (bootstrap).
         config: estimator settings.
-        drift: a known drift coefficient (e.g. re-used by bootstrap
-            replicates); None estimates it (when ``config.drift``).
     """
     top = top.to(torch.float64)
     Q, T = top.shape
@@ -316,10 +272,6 @@ def gpd_posterior(
         raise ValueError(f"unknown prior {config.prior!r}; known: empirical, flat")
     post = torch.exp(logw - logw.amax(1, keepdim=True))
     post = post / post.sum(1, keepdim=True)
-    use_drift = config.drift and not config.integrate_shape and n_exc < n_sample
-    if drift is None:
-        drift = shape_drift(top, n_sample, weight, config) if use_drift else 0.0
-    depth_u, depth_c = threshold_depths(n_sample, n_exc) if n_exc < n_sample else (1.0, 1.0)
     return GPDPosterior(
         threshold=u,
         xi=xi,
@@ -328,42 +280,6 @@ def gpd_posterior(
         n_u=n_u,
         zeta=n_u / float(n_sample),
         ok=ok,
-        drift=float(drift) if use_drift else 0.0,
-        depth_u=depth_u,
-        depth_c=depth_c,
-    )
-
-
-def shape_drift(
-    top: torch.Tensor,
-    n_sample: int,
-    weight: torch.Tensor | None = None,
-    config: BayesTailConfig = DEFAULT_BAYES,
-) -> float:
-    """Drift coefficient c of the tail shape with depth, shared by all queries.
-
-    The shape shared by the queries (:func:`pooled_shape`) at thresholds
-    with n_excess·2^i exceedances (i < ``config.drift_levels``, each below the
-    kept scores and the sample), regressed on 1/depth (``tail_drift``). Uses
-    at most ``config.drift_queries`` evenly spaced queries. 0 with fewer than
-    three usable thresholds.
-    """
-    Q, T = top.shape
-    rows = torch.linspace(0, Q - 1, min(Q, config.drift_queries)).round().long().unique()
-    sub = top[rows]
-    sub_w = None if weight is None else weight[rows]
-    shapes, depths = [], []
-    for i in range(config.drift_levels):
-        level = config.n_excess * 2**i
-        if level >= min(T, n_sample) - 1:
-            break
-        flat = replace(config, n_excess=level, prior="flat", drift=False)
-        post = gpd_posterior(sub, n_sample, sub_w, flat)
-        loglik = torch.log(post.weight.clamp_min(1e-300))
-        shapes.append(pooled_shape(loglik, post.ok, post.xi))
-        depths.append(threshold_depths(n_sample, level)[1])
-    return fit_shape_drift(
-        torch.tensor(shapes, dtype=torch.float64), torch.tensor(depths, dtype=torch.float64)
     )
 
 
@@ -398,25 +314,24 @@ def tail_expected_ap(
     y = (s - post.threshold.unsqueeze(1)).clamp_min(0.0)
     G = post.xi.numel()
     sigma = torch.where(post.ok.unsqueeze(1), post.sigma, torch.ones_like(post.sigma))
+    if config.integrate_shape:
+        surv = shape_integrated_survival(
+            y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G), post.n_u.view(Q, 1, 1)
+        )
+    else:
+        surv = gpd_survival(y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G))
+    x_tail = post.zeta.view(Q, 1, 1) * surv  # (Q, m, G)
     use_tail = valid & (counts < config.min_count) & post.ok.unsqueeze(1)
     counted = valid & ~use_tail
     ap_terms = torch.zeros(Q, m, dtype=torch.float64)
     hardness = torch.zeros(Q, m, dtype=torch.float64)
     if bool(use_tail.any()):
         qi, mi = use_tail.nonzero(as_tuple=True)
-        if config.integrate_shape:
-            surv = shape_integrated_survival(
-                y[qi, mi].unsqueeze(1), sigma[qi], post.xi.view(1, G), post.n_u[qi].unsqueeze(1)
-            )
-        else:
-            surv = drift_survival(
-                y[qi, mi], sigma[qi], post.xi, post.drift, post.depth_u, post.depth_c
-            )
-        x_tail = post.zeta[qi].unsqueeze(1) * surv  # (P, G)
         mix = post.weight[qi]
+        mean = extra * x_tail[qi, mi]
         r = post.n_u[qi].clamp_min(1.0)
-        ap_terms[qi, mi] = expected_precision(j[qi, mi], counts[qi, mi], r, extra * x_tail, mix, k)
-        hardness[qi, mi] = (mix * x_tail).sum(1)
+        ap_terms[qi, mi] = expected_precision(j[qi, mi], counts[qi, mi], r, mean, mix, k)
+        hardness[qi, mi] = (mix * x_tail[qi, mi]).sum(1)
     if bool(counted.any()):
         qi, mi = counted.nonzero(as_tuple=True)
         c = counts[qi, mi].to(torch.float64)

@@ -119,9 +119,7 @@ class TailPredictor:
         top, n = self.level(level)
         if estimator == "tail":
             counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
-            # Bootstrap replicates re-use the sample's shape drift (one ladder of fits).
-            drift = None if weight is None else self.hardness(estimator, level)[2].drift
-            post = gpd_posterior(top, n, weight, self.bayes, drift=drift)
+            post = gpd_posterior(top, n, weight, self.bayes)
             # Posterior-mean hardness does not depend on N; any N ≥ n gives it.
             _, x = tail_expected_ap(
                 self.pos_sorted, self.valid, self.j, counts, post, n, n, 1, self.bayes
