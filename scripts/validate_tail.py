@@ -11,7 +11,13 @@ table gives, per estimator × world, the error, whether the 95% interval covers
 the truth, and the estimator's time.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py            # 6 worlds, 2M, 5%
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --seeds 0,1,2,3 --cache /tmp/tail
     OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --pool 400000 --worlds mixture
+
+1000 queries by default (about the size of ILIAS or INSTRE): at 200 the
+distractor sample alone moves the prediction by 0.007–0.016. ``--cache``
+keeps the streamed states (~70 MB per world) so that later runs with the same
+settings only re-run the estimators.
 
 Worlds and their parameters are fixed up front (seeded, not tuned to an
 estimator); ``--seed`` draws a fresh realisation of every world.
