@@ -14,6 +14,9 @@ the truth, and the estimator's time.
     OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --seeds 0,1,2,3 --cache /tmp/tail
     OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --pool 400000 --worlds mixture
 
+``--by-count`` splits each hardness estimator's error over the positives by
+their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error.
+
 1000 queries by default (about the size of ILIAS or INSTRE): at 200 the
 distractor sample alone moves the prediction by 0.007–0.016. ``--cache``
 keeps the streamed states (~70 MB per world) so that later runs with the same
@@ -34,6 +37,10 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
+from rl_gap.metrics.tail_bayes import tail_expected_ap
+from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
+from rl_gap.metrics.tail_hardness import sample_counts
+from rl_gap.metrics.tail_rank import ap_at_k_from_hardness
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.metrics.tail_simulate import WORLDS, World
 
@@ -104,7 +111,56 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
             "covered": bool(est.ci[0] <= truth <= est.ci[1]),
             "seconds": seconds,
         }
+        if args.by_count and estimator in HARDNESS_ESTIMATORS:
+            row[name]["by_count"] = error_by_sampled_count(
+                pred, truth_pred, estimator, law or None, args.pool
+            )
     return row
+
+
+#: Groups of positives by the number K_S of sampled distractors scoring above them.
+COUNT_GROUPS = (("K_S=0", 0, 1), ("K_S=1-4", 1, 5), ("K_S>=5", 5, None))
+
+
+def error_by_sampled_count(
+    pred: TailPredictor, truth: TailPredictor, estimator: str, law: str | None, gallery_size: int
+) -> dict:
+    """The estimator's mAP error split over positives by their sampled count K_S.
+
+    Each positive's AP@k term (its precision over min(k, m)) is predicted with
+    the other positives of its query masked out (their ranks j are kept) and
+    compared with its realized term in the pool; the groups' errors add up to
+    the estimator's error.
+    """
+    _, counts, post = pred.hardness(estimator)
+    pool_counts, _ = sample_counts(truth.pos_sorted, truth.valid, truth.level(-1)[0])
+    j, valid, k = pred.j, pred.valid, pred.k
+    n_sample = pred.sample_size
+    norm = valid.sum(1).to(torch.float64).clamp(max=float(k)).clamp_min(1.0)
+    rank = j + pool_counts
+    realized = torch.where(valid & (rank <= k), j / rank, torch.zeros_like(j))
+    predicted = torch.zeros_like(realized)
+    for col in range(valid.shape[1]):
+        only = torch.zeros_like(valid)
+        only[:, col] = valid[:, col]
+        if estimator == "tail" and resolve_rank_law(estimator, law) == PREDICTIVE:
+            ap, _ = tail_expected_ap(
+                pred.pos_sorted, only, j, counts, post, n_sample, gallery_size, k, pred.bayes
+            )
+        else:
+            x, _, _ = pred.hardness(estimator)
+            ap = ap_at_k_from_hardness(
+                j, only, x, gallery_size, k, resolve_rank_law(estimator, law)
+            )
+        # One positive left: its AP@k is its term divided by min(k, 1) = 1.
+        predicted[:, col] = torch.nan_to_num(ap, nan=0.0)
+    out = {}
+    rows = pred.query_ok
+    for label, lo, hi in COUNT_GROUPS:
+        group = valid & (counts >= lo) & (counts < hi if hi is not None else True)
+        err = ((predicted - realized) * group).sum(1) / norm
+        out[label] = {"err": float(err[rows].mean()), "positives": int(group.sum())}
+    return out
 
 
 def print_table(rows: list[dict], estimators: tuple[str, ...], args: argparse.Namespace) -> None:
@@ -169,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument(
+        "--by-count",
+        action="store_true",
+        help="split each hardness estimator's error by the positives' sampled count K_S",
+    )
+    p.add_argument(
         "--cache",
         default=None,
         help="folder for the streamed states (re-used by later runs with the same settings)",
@@ -191,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             summary = "  ".join(f"{e} {row[e]['err']:+.4f}" for e in estimators)
             print(f"{name:>16}: truth {row['truth']:.4f}  {summary}", flush=True)
+            for e in estimators:
+                if "by_count" in row[e]:
+                    split = "  ".join(
+                        f"{g} {v['err']:+.4f} ({v['positives']})"
+                        for g, v in row[e]["by_count"].items()
+                    )
+                    print(f"{'':>18}{e} error by sampled count: {split}", flush=True)
         print_table(rows, estimators, args)
         all_rows.extend(rows)
     if len(seeds) > 1:

@@ -70,3 +70,38 @@ def test_near_duplicate_copies_per_query_do_not_depend_on_the_number_of_queries(
             counts.append(float((world.queries @ x.T > 0.55).sum(1).double().mean()))
         # Copies have cosines 0.53–0.86: ~4–5 of the ~5 per query lie above 0.55.
         assert 2.5 < counts[0] - counts[1] < 8.0
+
+
+def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(tmp_path):
+    """scripts/validate_tail.py on a small pool: the per-group errors add up to each
+    estimator's error (against the pool's exact mAP@k), the summary covers every
+    (world, seed), and a second run reads the cached pool instead of streaming it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "validate_tail.py"
+    spec = importlib.util.spec_from_file_location("validate_tail", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = [
+        "--worlds", "isotropic,student_t", "--pool", "40000", "--rate", "0.1",
+        "--queries", "30", "--k", "50", "--n-boot", "20", "--seeds", "0,1",
+        "--estimators", "count,evt,tail", "--by-count",
+        "--cache", str(tmp_path / "cache"), "--json", str(tmp_path / "out.json"),
+    ]  # fmt: skip
+    assert script.main(argv) == 0
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert sorted((r["world"], r["seed"]) for r in rows) == [
+        ("isotropic", 0), ("isotropic", 1), ("student_t", 0), ("student_t", 1)
+    ]  # fmt: skip
+    for row in rows:
+        for name in ("count", "evt", "tail"):
+            parts = row[name]["by_count"]
+            assert sum(p["positives"] for p in parts.values()) > 0
+            assert sum(p["err"] for p in parts.values()) == pytest.approx(
+                row[name]["err"], abs=1e-9
+            )
+    assert len(list((tmp_path / "cache").glob("*.pt"))) == 4
+    script.stream_world = None  # a second run must not stream again
+    assert script.main(argv) == 0
