@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_gap.metrics.tail_gpd import gpd_survival
-from rl_gap.metrics.tail_hardness import sample_weights
+from rl_gap.metrics.tail_hardness import threshold_excesses
 from rl_gap.metrics.tail_rank import expected_precision
 
 
@@ -241,18 +241,8 @@ def gpd_posterior(
     top = top.to(torch.float64)
     Q, T = top.shape
     n_exc = max(1, min(config.n_excess, n_sample - 1, T - 1))
-    w = sample_weights(top, weight)
-    cum = torch.cumsum(w, 1)
-    idx_u = (cum <= n_exc).sum(1)
-    has_u = idx_u < T
-    u = top.gather(1, idx_u.clamp(max=T - 1).unsqueeze(1)).squeeze(1)
-    has_u = has_u & torch.isfinite(u)
-    width = max(1, int(idx_u.clamp(max=T).max()))
-    head = top[:, :width]
-    inside = (torch.arange(width).unsqueeze(0) < idx_u.unsqueeze(1)) & torch.isfinite(head)
-    u_safe = torch.where(has_u, u, torch.zeros_like(u))
-    excess = torch.where(inside, head - u_safe.unsqueeze(1), torch.zeros_like(head)).clamp_min(0.0)
-    w_exc = torch.where(inside, w[:, :width], torch.zeros_like(head))
+    u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
+    width = excess.shape[1]
     n_u = w_exc.sum(1)
     ymax = torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
     ok = has_u & (n_u >= config.min_excesses) & (ymax > 0)

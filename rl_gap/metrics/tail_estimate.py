@@ -104,9 +104,14 @@ def bootstrap_ci(
     if values.numel() == 0:
         return (math.nan, math.nan)
     idx = torch.randint(0, values.numel(), (n_boot, values.numel()), generator=generator)
-    means = values[idx].mean(1)
+    return percentile_interval(values[idx].mean(1), confidence)
+
+
+def percentile_interval(replicates: torch.Tensor, confidence: float = 0.95) -> tuple[float, float]:
+    """Central ``confidence`` percentile interval of bootstrap replicates (1-D)."""
     alpha = (1.0 - confidence) / 2.0
-    lo, hi = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
+    lo, hi = torch.quantile(replicates.to(torch.float64), q)
     return float(lo), float(hi)
 
 

@@ -123,30 +123,45 @@ def fit_tail(
         config: estimator settings.
     """
     top = top.to(torch.float64)
-    Q, T = top.shape
-    n_eff = min(config.n_top, n_sample, T)
+    n_eff = min(config.n_top, n_sample, top.shape[1])
     n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
+    u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
+    gpd = fit_gpd(excess, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
+    ok = gpd.ok & has_u
+    return TailFit(
+        threshold=u, sigma=gpd.sigma, xi=gpd.xi, zeta=w_exc.sum(1) / float(n_sample), ok=ok
+    )
+
+
+def threshold_excesses(
+    top: torch.Tensor, n_exc: int, weight: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-query threshold after ``n_exc`` (weighted) exceedances, and the excesses over it.
+
+    Args:
+        top: (Q, T) kept sample scores, float64, sorted descending, -inf padded.
+        n_exc: exceedances wanted above the threshold.
+        weight: optional (Q, T) multiplicities (bootstrap).
+
+    Returns:
+        u: (Q,) the first kept score reached after n_exc exceedances;
+        has_u: (Q,) False where the kept scores run out first;
+        excess: (Q, W) excesses over u (≥ 0; 0 outside the exceedances);
+        w_exc: (Q, W) their weights (0 outside the exceedances).
+    """
+    T = top.shape[1]
     w = sample_weights(top, weight)
-    cum = torch.cumsum(w, dim=1)
-    # u is the first kept score reached after n_exc (weighted) exceedances.
-    idx_u = (cum <= n_exc).sum(1)
+    idx_u = (torch.cumsum(w, dim=1) <= n_exc).sum(1)
     has_u = idx_u < T
     u = top.gather(1, idx_u.clamp(max=T - 1).unsqueeze(1)).squeeze(1)
     has_u = has_u & torch.isfinite(u)
     width = max(1, int(idx_u.clamp(max=T).max()))
     head = top[:, :width]
-    in_excess = torch.arange(width).unsqueeze(0) < idx_u.unsqueeze(1)
+    inside = (torch.arange(width).unsqueeze(0) < idx_u.unsqueeze(1)) & torch.isfinite(head)
     u_safe = torch.where(has_u, u, torch.zeros_like(u))
-    excess = torch.where(
-        in_excess & torch.isfinite(head), head - u_safe.unsqueeze(1), torch.zeros_like(head)
-    )
-    w_exc = torch.where(in_excess, w[:, :width], torch.zeros_like(head))
-    n_u = (w_exc).sum(1)
-    gpd = fit_gpd(
-        excess.clamp_min(0.0), w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses
-    )
-    ok = gpd.ok & has_u
-    return TailFit(threshold=u, sigma=gpd.sigma, xi=gpd.xi, zeta=n_u / float(n_sample), ok=ok)
+    excess = torch.where(inside, head - u_safe.unsqueeze(1), torch.zeros_like(head))
+    w_exc = torch.where(inside, w[:, :width], torch.zeros_like(head))
+    return u, has_u, excess.clamp_min(0.0), w_exc
 
 
 def tail_hardness(pos_sorted: torch.Tensor, fit: TailFit) -> torch.Tensor:

@@ -35,6 +35,7 @@ from rl_gap.metrics.tail_estimate import (  # noqa: F401  (public re-exports)
     _check_common,
     bootstrap_ci,
     check_positive_scores,
+    percentile_interval,
     resolve_rank_law,
 )
 from rl_gap.metrics.tail_hardness import (
@@ -206,9 +207,7 @@ class TailPredictor:
                 [self.per_query("sample", 1, level=i)[rows] for i in levels], 1
             )  # (q, L)
             pred = fit_curve(sizes, per_level[pick].mean(1), estimator, float(gallery_size))
-        alpha = (1.0 - confidence) / 2.0
-        lo, hi = torch.quantile(pred[1:], torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
-        return float(pred[0]), (float(lo), float(hi))
+        return float(pred[0]), percentile_interval(pred[1:], confidence)
 
     def _generator(self, offset: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed + offset)
@@ -306,10 +305,8 @@ class TailPredictor:
             sample_only.append(pq.mean())
             pick = torch.randint(0, rows.numel(), (rows.numel(),), generator=gen)
             joint.append(pq[pick].mean())
-        joint_t = torch.stack(joint)
-        alpha = (1.0 - confidence) / 2.0
-        lo, hi = torch.quantile(joint_t, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
-        return (float(lo), float(hi)), float(torch.stack(sample_only).std())
+        interval = percentile_interval(torch.stack(joint), confidence)
+        return interval, float(torch.stack(sample_only).std())
 
     def budget(
         self,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rl_gap.metrics.functional.engine_inputs import check_embeddings
 from rl_gap.precision import autocast_disabled
 
 __all__ = ["ScoreNorm", "background_offsets", "normalize_scores", "offset_embeddings"]
@@ -55,14 +56,7 @@ class ScoreNorm:
 def _wide(x: Tensor, name: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch tensor, got {type(x).__name__}")
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (N, dim), got shape {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contain NaN or inf")
+    check_embeddings(x, name)
     return x if x.dtype == torch.float64 else x.float()
 
 
