@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
-from rl_gap.metrics.tail_bayes import tail_expected_ap
 from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
 from rl_gap.metrics.tail_hardness import sample_counts
+from rl_gap.metrics.tail_predictive import tail_expected_ap
 from rl_gap.metrics.tail_rank import ap_at_k_from_hardness
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.metrics.tail_simulate import WORLDS, World

@@ -1,4 +1,4 @@
-"""The ``tail`` estimator: GPD parameter uncertainty and the predictive rank law.
+"""The ``tail`` estimator's posterior: GPD parameter uncertainty per query.
 
 The ``evt`` estimator (``tail_hardness``) plugs the maximum-likelihood GPD
 into the hardness of each unseen positive. Two of its errors are systematic:
@@ -27,7 +27,8 @@ rank. For a query with S sampled distractors, positive j (K_S of them scoring
   probability is also averaged over the shape (:func:`shape_integrated_survival`).
 
 Then ``E[AP@k] = (1/min(k, m)) Σ_j E[ j/(j + K_N) · 1{j + K_N ≤ k} ]``, exact
-by linearity (as in ``tail_rank.expected_ap_at_k``). The threshold u is the
+by linearity, with the tail positives' terms bias-corrected by a parametric
+bootstrap (``tail_predictive``, ``tail_bias``). The threshold u is the
 (n_u + 1)-th largest sampled score, n_u = ``n_excess``; see
 ``docs/tail_extrapolation.md`` for the measurements behind these choices.
 """
@@ -39,9 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail_gpd import gpd_survival
 from rl_gap.metrics.tail_hardness import threshold_excesses
-from rl_gap.metrics.tail_rank import expected_precision
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,10 @@ class BayesTailConfig:
         integrate_shape: at each θ, integrate the exceedance probability over
             the shape ξ (closed form, :func:`shape_integrated_survival`)
             instead of plugging in ξ̂(θ).
+        bias_replicates: simulated samples from the fitted tail for the
+            bootstrap bias correction of the tail positives (``tail_bias``);
+            0 turns the correction off.
+        bias_seed: seed of those simulations (the prediction is deterministic).
     """
 
     n_excess: int = 100
@@ -73,6 +76,8 @@ class BayesTailConfig:
     min_excesses: int = 10
     prior: str = "empirical"
     integrate_shape: bool = True
+    bias_replicates: int = 8
+    bias_seed: int = 0
 
 
 DEFAULT_BAYES = BayesTailConfig()
@@ -271,67 +276,3 @@ def gpd_posterior(
         zeta=n_u / float(n_sample),
         ok=ok,
     )
-
-
-def tail_expected_ap(
-    pos_sorted: torch.Tensor,
-    valid: torch.Tensor,
-    j: torch.Tensor,
-    counts: torch.Tensor,
-    post: GPDPosterior,
-    n_sample: int,
-    gallery_size: int,
-    k: int,
-    config: BayesTailConfig = DEFAULT_BAYES,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-query predictive E[AP@k] at gallery size N (the ``tail`` estimator).
-
-    Args:
-        pos_sorted, valid, j: from ``tail_rank.sort_positives``, (Q, m).
-        counts: (Q, m) sampled distractors ≥ each positive (K_S).
-        post: the per-query GPD posterior.
-        n_sample: S; gallery_size: N (≥ S); k: cut-off.
-
-    Returns:
-        ap: (Q,) float64 (NaN for rows with no positive);
-        hardness: (Q, m) posterior-mean hardness E[x] (0 at padding).
-    """
-    Q, m = pos_sorted.shape
-    extra = float(gallery_size - n_sample)
-    s = torch.where(
-        valid, pos_sorted.to(torch.float64), torch.zeros_like(pos_sorted, dtype=torch.float64)
-    )
-    y = (s - post.threshold.unsqueeze(1)).clamp_min(0.0)
-    G = post.xi.numel()
-    sigma = torch.where(post.ok.unsqueeze(1), post.sigma, torch.ones_like(post.sigma))
-    if config.integrate_shape:
-        surv = shape_integrated_survival(
-            y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G), post.n_u.view(Q, 1, 1)
-        )
-    else:
-        surv = gpd_survival(y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G))
-    x_tail = post.zeta.view(Q, 1, 1) * surv  # (Q, m, G)
-    use_tail = valid & (counts < config.min_count) & post.ok.unsqueeze(1)
-    counted = valid & ~use_tail
-    ap_terms = torch.zeros(Q, m, dtype=torch.float64)
-    hardness = torch.zeros(Q, m, dtype=torch.float64)
-    if bool(use_tail.any()):
-        qi, mi = use_tail.nonzero(as_tuple=True)
-        mix = post.weight[qi]
-        mean = extra * x_tail[qi, mi]
-        r = post.n_u[qi].clamp_min(1.0)
-        ap_terms[qi, mi] = expected_precision(j[qi, mi], counts[qi, mi], r, mean, mix, k)
-        hardness[qi, mi] = (mix * x_tail[qi, mi]).sum(1)
-    if bool(counted.any()):
-        qi, mi = counted.nonzero(as_tuple=True)
-        c = counts[qi, mi].to(torch.float64)
-        # x | K_S ~ Gamma(K_S, S): K' negative binomial, r = K_S, mean (N − S)·K_S/S.
-        mean = (extra * c / n_sample).unsqueeze(1)
-        r = c.clamp_min(1e-3)
-        mean = torch.where(c.unsqueeze(1) > 0, mean, torch.zeros_like(mean))
-        ones = torch.ones_like(mean)
-        ap_terms[qi, mi] = expected_precision(j[qi, mi], c, r, mean, ones, k)
-        hardness[qi, mi] = c / n_sample
-    norm = valid.sum(1).to(torch.float64).clamp(max=float(k))
-    ap = ap_terms.sum(1) / norm.clamp_min(1.0)
-    return torch.where(norm > 0, ap, torch.full_like(ap, math.nan)), hardness

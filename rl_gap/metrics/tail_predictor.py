@@ -16,7 +16,6 @@ from rl_gap.metrics.tail_bayes import (
     BayesTailConfig,
     GPDPosterior,
     gpd_posterior,
-    tail_expected_ap,
 )
 from rl_gap.metrics.tail_curve import (
     CURVE_ESTIMATORS,
@@ -45,6 +44,7 @@ from rl_gap.metrics.tail_hardness import (
     estimate_hardness,
     sample_counts,
 )
+from rl_gap.metrics.tail_predictive import tail_expected_ap
 from rl_gap.metrics.tail_rank import (
     ap_at_k_from_counts,
     ap_at_k_from_hardness,
