@@ -11,6 +11,7 @@ import torch
 
 from rl_gap.cli import main
 from rl_gap.metrics.tail import predict_map
+from rl_gap.metrics.tail_bayes import BayesTailConfig
 
 
 def write_inputs(tmp_path, Q=10, P=25, S=6000, d=12, seed=0):
@@ -221,3 +222,31 @@ def test_same_folder_for_queries_and_positives_is_leave_one_out(tmp_path):
     ref = predict_map(pos, torch.from_numpy(emb @ x.T), 30_000, k=20, estimator="count", n_boot=20)
     assert 0.05 < ref.map < 0.95  # neither trivial nor zero: a self-match would change it
     assert res["estimators"]["count"]["map"] == pytest.approx(ref.map, abs=1e-6)
+
+
+def test_bias_replicates_option_reaches_the_tail_estimator(tmp_path):
+    q, p, owner, x = write_inputs(tmp_path, S=3000)
+    Q = q.shape[0]
+    rows = [[float(q[i] @ p[j]) for j in range(len(owner)) if owner[j] == i] for i in range(Q)]
+    m = max(len(r) for r in rows)
+    pos = torch.tensor([r + [math.nan] * (m - len(r)) for r in rows], dtype=torch.float64)
+    sample = torch.from_numpy(q @ x.T)
+    common = [
+        "extrapolate", "--queries", str(tmp_path / "q.npy"), "--positives", str(tmp_path / "p.pt"),
+        "--positive-query", str(tmp_path / "owner.npy"), "--distractors", str(tmp_path / "x.npy"),
+        "--gallery-size", "60000", "--k", "100", "--n-boot", "20", "--estimators", "tail",
+        "--no-progress",
+    ]  # fmt: skip
+    maps = {}
+    for replicates in (0, 8):
+        out = tmp_path / f"r{replicates}.json"
+        assert main([*common, "--bias-replicates", str(replicates), "--json", str(out)]) == 0
+        maps[replicates] = json.loads(out.read_text())["estimators"]["tail"]["map"]
+        ref = predict_map(
+            pos, sample, gallery_size=60_000, k=100, n_boot=20,
+            bayes=BayesTailConfig(bias_replicates=replicates),
+        )  # fmt: skip
+        assert maps[replicates] == pytest.approx(ref.map, abs=1e-5)
+    assert maps[0] != pytest.approx(maps[8], abs=1e-6)
+    with pytest.raises(ValueError, match="--bias-replicates"):
+        main([*common, "--bias-replicates", "-1"])

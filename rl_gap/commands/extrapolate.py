@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
+from rl_gap.metrics.tail_bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail_estimate import PREDICTIVE
 from rl_gap.metrics.tail_hardness import TailConfig
 from rl_gap.metrics.tail_rank import RANK_LAWS
@@ -80,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-boot", type=int, default=1000, help="query-bootstrap replicates")
     parser.add_argument(
         "--nested-boot", type=int, default=0, help="nested (queries x sample) bootstrap replicates"
+    )
+    parser.add_argument(
+        "--bias-replicates",
+        type=int,
+        default=DEFAULT_BAYES.bias_replicates,
+        help="simulated samples for the tail estimator's bootstrap bias correction (0 = off)",
     )
     parser.add_argument(
         "--l2-normalize", action="store_true", help="L2-normalise all embeddings first"
@@ -249,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
     for option, value, minimum in (
         ("--n-boot", args.n_boot, 1), ("--nested-boot", args.nested_boot, 0),
         ("--block-size", args.block_size, 1), ("--gallery-size", args.gallery_size, 1),
+        ("--bias-replicates", args.bias_replicates, 0),
     ):  # fmt: skip
         if value < minimum:
             raise ValueError(f"{option} must be >= {minimum}, got {value}")
@@ -299,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
 
-    predictor = TailPredictor(pos, state, args.k, config, args.seed)
+    bayes = BayesTailConfig(bias_replicates=args.bias_replicates)
+    predictor = TailPredictor(pos, state, args.k, config, args.seed, bayes)
     results = {}
     for name in estimators:
         est = predictor.estimate(
