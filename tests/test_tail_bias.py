@@ -111,3 +111,30 @@ def test_expected_precision_poisson_stand_in_matches_scipy():
             lambda c, jj=float(j[i]): jj / (jj + c) * (jj + c <= 60)
         )
         assert float(got[i]) == pytest.approx(ref, abs=1e-6)
+
+
+def test_degenerate_tails_take_no_part_in_the_simulated_worlds(monkeypatch):
+    """A query without a usable tail is counted only: it gets no simulated sample,
+    so its stand-in tail cannot enter the bootstrap's empirical-Bayes prior."""
+    import rl_gap.metrics.tail_predictive as predictive
+    from rl_gap.metrics.tail import predict_map
+
+    g = torch.Generator().manual_seed(0)
+    sample = torch.randn(6, 4000, generator=g, dtype=torch.float64)
+    sample[0] = 0.5  # every sampled score equal: no tail to fit
+    pos = torch.tensor(
+        [[0.7, 4.0], [2.5, 3.0], [3.5, 4.5], [3.9, 3.0], [2.0, 4.2], [4.4, 3.1]],
+        dtype=torch.float64,
+    )
+    simulated = []
+
+    def recording_posterior(top, *args, **kwargs):
+        simulated.append(top.clone())
+        return gpd_posterior(top, *args, **kwargs)
+
+    monkeypatch.setattr(predictive, "gpd_posterior", recording_posterior)
+    est = predict_map(pos, sample, gallery_size=80_000, k=100, n_boot=10)
+    assert len(simulated) == BayesTailConfig().bias_replicates
+    assert all(bool(torch.isneginf(top[0]).all()) for top in simulated)
+    assert all(bool(torch.isfinite(top[1:]).all()) for top in simulated)
+    assert torch.isfinite(est.per_query).all() and float(est.per_query[0]) == 1.0

@@ -123,6 +123,8 @@ def bootstrap_bias(
     total = torch.zeros_like(truth)
     for _ in range(config.bias_replicates):
         sim = simulate_top_scores(post.threshold, post.zeta, sigma, xi, n_sample, width, gen)
+        # Degenerate tails (counted only) get no simulated sample, so they stay out of the prior.
+        sim = torch.where(post.ok.unsqueeze(1), sim, torch.full_like(sim, -math.inf))
         sim_counts, _ = sample_counts(pos_sorted, use_tail, sim)
         sim_post = gpd_posterior(sim, n_sample, None, config)
         terms, _, _ = _positive_terms(
