@@ -39,7 +39,7 @@ import torch
 from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
 from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
 from rl_gap.metrics.tail_hardness import sample_counts
-from rl_gap.metrics.tail_predictive import tail_expected_ap
+from rl_gap.metrics.tail_predictive import tail_precision_terms
 from rl_gap.metrics.tail_rank import ap_at_k_from_hardness
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.metrics.tail_simulate import WORLDS, World
@@ -127,10 +127,10 @@ def error_by_sampled_count(
 ) -> dict:
     """The estimator's mAP error split over positives by their sampled count K_S.
 
-    Each positive's AP@k term (its precision over min(k, m)) is predicted with
-    the other positives of its query masked out (their ranks j are kept) and
-    compared with its realized term in the pool; the groups' errors add up to
-    the estimator's error.
+    Each positive's AP@k term (its precision over min(k, m)) is predicted
+    (``tail``: its predictive term; the others: with the other positives of its
+    query masked out, their ranks j kept) and compared with its realized term
+    in the pool; the groups' errors add up to the estimator's error.
     """
     _, counts, post = pred.hardness(estimator)
     pool_counts, _ = sample_counts(truth.pos_sorted, truth.valid, truth.level(-1)[0])
@@ -139,21 +139,21 @@ def error_by_sampled_count(
     norm = valid.sum(1).to(torch.float64).clamp(max=float(k)).clamp_min(1.0)
     rank = j + pool_counts
     realized = torch.where(valid & (rank <= k), j / rank, torch.zeros_like(j))
-    predicted = torch.zeros_like(realized)
-    for col in range(valid.shape[1]):
-        only = torch.zeros_like(valid)
-        only[:, col] = valid[:, col]
-        if estimator == "tail" and resolve_rank_law(estimator, law) == PREDICTIVE:
-            ap, _ = tail_expected_ap(
-                pred.pos_sorted, only, j, counts, post, n_sample, gallery_size, k, pred.bayes
-            )
-        else:
-            x, _, _ = pred.hardness(estimator)
+    if estimator == "tail" and resolve_rank_law(estimator, law) == PREDICTIVE:
+        predicted, _ = tail_precision_terms(
+            pred.pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, pred.bayes
+        )
+    else:
+        predicted = torch.zeros_like(realized)
+        x, _, _ = pred.hardness(estimator)
+        for col in range(valid.shape[1]):
+            only = torch.zeros_like(valid)
+            only[:, col] = valid[:, col]
             ap = ap_at_k_from_hardness(
                 j, only, x, gallery_size, k, resolve_rank_law(estimator, law)
             )
-        # One positive left: its AP@k is its term divided by min(k, 1) = 1.
-        predicted[:, col] = torch.nan_to_num(ap, nan=0.0)
+            # One positive left: its AP@k is its term divided by min(k, 1) = 1.
+            predicted[:, col] = torch.nan_to_num(ap, nan=0.0)
     out = {}
     rows = pred.query_ok
     for label, lo, hi in COUNT_GROUPS:

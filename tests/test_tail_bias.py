@@ -12,15 +12,10 @@ import pytest
 import torch
 
 from rl_gap.metrics.tail_bayes import BayesTailConfig, gpd_posterior
-from rl_gap.metrics.tail_bias import (
-    fitted_hardness,
-    gpd_excess_quantile,
-    posterior_mode,
-    smallest_uniforms,
-)
-from rl_gap.metrics.tail_hardness import sample_counts
+from rl_gap.metrics.tail_bias import gpd_excess_quantile, posterior_mode, smallest_uniforms
+from rl_gap.metrics.tail_hardness import TailFit, sample_counts, tail_hardness
 from rl_gap.metrics.tail_predictive import _positive_terms, bootstrap_bias
-from rl_gap.metrics.tail_rank import expected_precision, sort_positives
+from rl_gap.metrics.tail_rank import expected_precision_terms, sort_positives
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -51,7 +46,8 @@ def _naive_bias(pos, top_obs, S, N, k, config, replicates, seed):
     _, _, use_tail = _positive_terms(ps, valid, j, counts, post, S, N, k, config)
     sigma, xi = posterior_mode(post.xi, post.sigma, post.weight)
     qi, mi = use_tail.nonzero(as_tuple=True)
-    x = fitted_hardness(ps, post.threshold, post.zeta, sigma, xi)[qi, mi]
+    fit = TailFit(threshold=post.threshold, sigma=sigma, xi=xi, zeta=post.zeta, ok=post.ok)
+    x = tail_hardness(ps, fit)[qi, mi]
     truth = torch.tensor(
         [
             float(
@@ -98,19 +94,17 @@ def test_bootstrap_bias_matches_a_naive_monte_carlo_of_the_estimator():
     assert float(torch.corrcoef(torch.stack([bias, reference]))[0, 1]) > 0.9
 
 
-def test_expected_precision_poisson_stand_in_matches_scipy():
-    from rl_gap.metrics.tail_bias import POISSON_SIZE
-
-    j = torch.tensor([1.0, 3.0])
-    mean = torch.tensor([[4.0], [50.0]], dtype=torch.float64)
-    got = expected_precision(
-        j, torch.zeros(2), torch.full((2,), POISSON_SIZE), mean, torch.ones(2, 1), 60
-    )
+def test_poisson_precision_terms_of_the_simulated_truth_match_scipy():
+    N = 1_000_000
+    j = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
+    mean = torch.tensor([[4.0, 50.0]], dtype=torch.float64)
+    valid = torch.ones(1, 2, dtype=torch.bool)
+    got = expected_precision_terms(j, valid, mean / N, N, 60, law="poisson")
     for i in range(2):
-        ref = scipy_stats.poisson(float(mean[i, 0])).expect(
-            lambda c, jj=float(j[i]): jj / (jj + c) * (jj + c <= 60)
+        ref = scipy_stats.poisson(float(mean[0, i])).expect(
+            lambda c, jj=float(j[0, i]): jj / (jj + c) * (jj + c <= 60)
         )
-        assert float(got[i]) == pytest.approx(ref, abs=1e-6)
+        assert float(got[0, i]) == pytest.approx(ref, abs=1e-6)
 
 
 def test_degenerate_tails_take_no_part_in_the_simulated_worlds(monkeypatch):

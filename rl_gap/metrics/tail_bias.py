@@ -22,11 +22,6 @@ from __future__ import annotations
 
 import torch
 
-from rl_gap.metrics.tail_gpd import gpd_survival
-
-#: Negative-binomial size standing in for Poisson counts (variance μ + μ²/r).
-POISSON_SIZE = 1e8
-
 
 def posterior_mode(
     xi: torch.Tensor, sigma: torch.Tensor, weight: torch.Tensor
@@ -81,15 +76,3 @@ def simulate_top_scores(
     p = smallest_uniforms(threshold.shape[0], n_sample, width, generator)
     y = gpd_excess_quantile(p / zeta.unsqueeze(1), sigma.unsqueeze(1), xi.unsqueeze(1))
     return threshold.unsqueeze(1) + y
-
-
-def fitted_hardness(
-    pos_sorted: torch.Tensor,
-    threshold: torch.Tensor,
-    zeta: torch.Tensor,
-    sigma: torch.Tensor,
-    xi: torch.Tensor,
-) -> torch.Tensor:
-    """(Q, m) hardness of each positive under the fitted tail (positives below u get ζ)."""
-    y = (pos_sorted.to(torch.float64) - threshold.unsqueeze(1)).clamp_min(0.0)
-    return zeta.unsqueeze(1) * gpd_survival(y, sigma.unsqueeze(1), xi.unsqueeze(1))

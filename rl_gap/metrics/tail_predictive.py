@@ -26,15 +26,10 @@ from rl_gap.metrics.tail_bayes import (
     gpd_posterior,
     shape_integrated_survival,
 )
-from rl_gap.metrics.tail_bias import (
-    POISSON_SIZE,
-    fitted_hardness,
-    posterior_mode,
-    simulate_top_scores,
-)
+from rl_gap.metrics.tail_bias import posterior_mode, simulate_top_scores
 from rl_gap.metrics.tail_gpd import gpd_survival
-from rl_gap.metrics.tail_hardness import sample_counts
-from rl_gap.metrics.tail_rank import expected_precision
+from rl_gap.metrics.tail_hardness import TailFit, sample_counts, tail_hardness
+from rl_gap.metrics.tail_rank import expected_precision, expected_precision_terms
 
 
 def _positive_terms(
@@ -109,16 +104,10 @@ def bootstrap_bias(
     sigma, xi = posterior_mode(post.xi, post.sigma, post.weight)
     width = max(2, min(config.n_excess, n_sample - 1) + 2)
     qi, mi = use_tail.nonzero(as_tuple=True)
-    x_fit = fitted_hardness(pos_sorted, post.threshold, post.zeta, sigma, xi)[qi, mi]
-    ones = torch.ones(qi.numel(), 1, dtype=torch.float64)
-    truth = expected_precision(
-        j[qi, mi],
-        torch.zeros_like(x_fit),
-        torch.full_like(x_fit, POISSON_SIZE),
-        float(gallery_size) * x_fit.unsqueeze(1),
-        ones,
-        k,
-    )
+    # Tail positives lie above u (fewer than min_count sampled scores beat them) on ok rows.
+    fit = TailFit(threshold=post.threshold, sigma=sigma, xi=xi, zeta=post.zeta, ok=post.ok)
+    x_fit = tail_hardness(pos_sorted, fit)
+    truth = expected_precision_terms(j, use_tail, x_fit, gallery_size, k, law="poisson")[qi, mi]
     gen = torch.Generator().manual_seed(config.bias_seed)
     total = torch.zeros_like(truth)
     for _ in range(config.bias_replicates):
@@ -134,7 +123,7 @@ def bootstrap_bias(
     return total / config.bias_replicates - truth
 
 
-def tail_expected_ap(
+def tail_precision_terms(
     pos_sorted: torch.Tensor,
     valid: torch.Tensor,
     j: torch.Tensor,
@@ -145,7 +134,7 @@ def tail_expected_ap(
     k: int,
     config: BayesTailConfig = DEFAULT_BAYES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-query predictive E[AP@k] at gallery size N (the ``tail`` estimator).
+    """Per-positive predictive E[precision] at gallery size N (the ``tail`` estimator).
 
     With ``config.bias_replicates > 0`` the tail positives' terms are
     bias-corrected (:func:`bootstrap_bias`) and clipped to [0, 1].
@@ -157,10 +146,10 @@ def tail_expected_ap(
         n_sample: S; gallery_size: N (≥ S); k: cut-off.
 
     Returns:
-        ap: (Q,) float64 (NaN for rows with no positive);
+        terms: (Q, m) float64 (0 at padding);
         hardness: (Q, m) posterior-mean hardness E[x] (0 at padding).
     """
-    ap_terms, hardness, use_tail = _positive_terms(
+    terms, hardness, use_tail = _positive_terms(
         pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, config
     )
     if config.bias_replicates > 0 and gallery_size > n_sample and bool(use_tail.any()):
@@ -168,7 +157,30 @@ def tail_expected_ap(
             pos_sorted, valid, j, use_tail, post, n_sample, gallery_size, k, config
         )
         qi, mi = use_tail.nonzero(as_tuple=True)
-        ap_terms[qi, mi] = (ap_terms[qi, mi] - bias).clamp(0.0, 1.0)
+        terms[qi, mi] = (terms[qi, mi] - bias).clamp(0.0, 1.0)
+    return terms, hardness
+
+
+def tail_expected_ap(
+    pos_sorted: torch.Tensor,
+    valid: torch.Tensor,
+    j: torch.Tensor,
+    counts: torch.Tensor,
+    post: GPDPosterior,
+    n_sample: int,
+    gallery_size: int,
+    k: int,
+    config: BayesTailConfig = DEFAULT_BAYES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-query predictive E[AP@k]: :func:`tail_precision_terms` over min(k, m).
+
+    Returns:
+        ap: (Q,) float64 (NaN for rows with no positive);
+        hardness: (Q, m) posterior-mean hardness E[x] (0 at padding).
+    """
+    ap_terms, hardness = tail_precision_terms(
+        pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, config
+    )
     norm = valid.sum(1).to(torch.float64).clamp(max=float(k))
     ap = ap_terms.sum(1) / norm.clamp_min(1.0)
     return torch.where(norm > 0, ap, torch.full_like(ap, math.nan)), hardness

@@ -84,7 +84,7 @@ def ap_at_k_from_counts(
     return torch.where(norm > 0, out, torch.full_like(out, torch.nan))
 
 
-def expected_ap_at_k(
+def expected_precision_terms(
     j: torch.Tensor,
     valid: torch.Tensor,
     hardness: torch.Tensor,
@@ -93,28 +93,30 @@ def expected_ap_at_k(
     law: str = "binomial",
     max_elements: int = 1 << 24,
 ) -> torch.Tensor:
-    """Per-query E[AP@k] when K_j ~ Binomial(N, x_j) (or Poisson(N·x_j)).
+    """Per-positive ``E[j/(j + K_j) · 1{j + K_j ≤ k}]`` when K_j ~ Binomial(N, x_j) (or Poisson(N·x_j)).
 
-    ``E[AP@k] = (1/min(k, m)) Σ_j Σ_{K=0}^{k−j} j/(j+K) · P(K_j = K)``; exact
-    (no sampling), evaluated in query chunks of at most ``max_elements`` terms.
+    Exact (no sampling), evaluated in query chunks of at most ``max_elements`` terms.
 
     Args:
         j, valid: from :func:`sort_positives`, (Q, m).
-        hardness: (Q, m) population fractions x_j ∈ [0, 1].
+        hardness: (Q, m) population fractions x_j ∈ [0, 1] (ignored where not valid).
         gallery_size: N.
         k: cut-off.
         law: "binomial" or "poisson".
 
     Returns:
-        (Q,) float64; NaN for rows with no positive.
+        (Q, m) float64, 0 where not valid.
     """
     if law not in ("binomial", "poisson"):
         raise ValueError(f"law must be 'binomial' or 'poisson', got {law!r}")
-    x = hardness.to(torch.float64).clamp(0.0, 1.0)
+    x = torch.where(
+        valid, hardness.to(torch.float64), torch.zeros_like(hardness, dtype=torch.float64)
+    )
+    x = x.clamp(0.0, 1.0)
     n = float(gallery_size)
     Q, m = x.shape
     kk = torch.arange(k, dtype=torch.float64)  # K = 0 .. k−1
-    total = torch.zeros(Q, dtype=torch.float64)
+    out = torch.zeros(Q, m, dtype=torch.float64)
     rows = max(1, max_elements // max(1, m * k))
     log_fact_k = torch.lgamma(kk + 1.0)
     for start in range(0, Q, rows):
@@ -135,7 +137,35 @@ def expected_ap_at_k(
             log_pmf = torch.xlogy(kk, lam) - lam - log_fact_k
         term = js / (js + kk) * torch.exp(log_pmf)
         term = torch.where(vs & (js + kk <= k), term, torch.zeros_like(term))
-        total[start : start + rows] = term.sum((-1, -2))
+        out[start : start + rows] = term.sum(-1)
+    return out
+
+
+def expected_ap_at_k(
+    j: torch.Tensor,
+    valid: torch.Tensor,
+    hardness: torch.Tensor,
+    gallery_size: int,
+    k: int,
+    law: str = "binomial",
+    max_elements: int = 1 << 24,
+) -> torch.Tensor:
+    """Per-query E[AP@k] when K_j ~ Binomial(N, x_j) (or Poisson(N·x_j)).
+
+    ``E[AP@k] = (1/min(k, m)) Σ_j Σ_{K=0}^{k−j} j/(j+K) · P(K_j = K)``, the
+    sum of :func:`expected_precision_terms`.
+
+    Args:
+        j, valid: from :func:`sort_positives`, (Q, m).
+        hardness: (Q, m) population fractions x_j ∈ [0, 1].
+        gallery_size: N.
+        k: cut-off.
+        law: "binomial" or "poisson".
+
+    Returns:
+        (Q,) float64; NaN for rows with no positive.
+    """
+    total = expected_precision_terms(j, valid, hardness, gallery_size, k, law, max_elements).sum(1)
     norm = _normaliser(valid, k)
     out = total / norm.clamp_min(1.0)
     return torch.where(norm > 0, out, torch.full_like(out, torch.nan))
