@@ -52,7 +52,8 @@ def stream_world(world: World, pool: int, rate: float, k: int, block: int, seed:
     """Stream ``pool`` distractors: (full top-k state, hashed-sample nested top-T state, seconds)."""
     Q = world.queries.shape[0]
     full = NestedTopK(Q, k, (1.0,))
-    sample = NestedTopK(Q, max(4000, k), DEFAULT_FRACTIONS)
+    # Keyed by pool position: the nested bootstrap resamples distractors jointly across queries.
+    sample = NestedTopK(Q, max(4000, k), DEFAULT_FRACTIONS, keyed=True)
     g = torch.Generator().manual_seed(seed * 104729 + 17)
     t0 = time.perf_counter()
     for start in range(0, pool, block):
@@ -64,7 +65,7 @@ def stream_world(world: World, pool: int, rate: float, k: int, block: int, seed:
         part = part_of(torch.from_numpy(u / rate)[keep], DEFAULT_FRACTIONS)
         scores = world.queries @ x.T
         full.push(scores, 0)
-        sample.push(scores[:, keep], part)
+        sample.push(scores[:, keep], part, torch.arange(start, start + n)[keep])
     return full, sample, time.perf_counter() - t0
 
 
@@ -74,10 +75,12 @@ def cached_stream(world: World, args: argparse.Namespace):
         return stream_world(world, args.pool, args.rate, args.k, args.block, args.seed)
     key = f"{world.name}-q{args.queries}-m{args.max_pos}-n{args.pool}-r{args.rate}-k{args.k}-s{args.seed}"
     path = os.path.join(args.cache, key + ".pt")
-    if os.path.exists(path):
-        saved = torch.load(path)
+    saved = torch.load(path) if os.path.exists(path) else None
+    if saved is not None and "sample_keys" in saved:  # states saved before keys are re-streamed
         states = [
-            NestedTopK.from_tensors(saved[f"{n}_top"], saved[f"{n}_seen"], saved[f"{n}_fractions"])
+            NestedTopK.from_tensors(
+                saved[f"{n}_top"], saved[f"{n}_seen"], saved[f"{n}_fractions"], saved[f"{n}_keys"]
+            )
             for n in ("full", "sample")
         ]
         return states[0], states[1], saved["seconds"]
@@ -85,7 +88,7 @@ def cached_stream(world: World, args: argparse.Namespace):
     os.makedirs(args.cache, exist_ok=True)
     saved = {"seconds": seconds}
     for n, state in (("full", full), ("sample", sample)):
-        saved.update({f"{n}_top": state.top, f"{n}_seen": state.seen})
+        saved.update({f"{n}_top": state.top, f"{n}_seen": state.seen, f"{n}_keys": state.keys})
         saved[f"{n}_fractions"] = state.fractions
     torch.save(saved, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -102,7 +105,10 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
     for name in estimators:
         estimator, _, law = name.partition("/")  # "tail/plugin": an estimator with a given rank law
         t0 = time.perf_counter()
-        est = pred.estimate(estimator, args.pool, rank_law=law or None, n_boot=args.n_boot)
+        nested = args.nested_boot if estimator in JOINT_ESTIMATORS else 0
+        est = pred.estimate(
+            estimator, args.pool, rank_law=law or None, n_boot=args.n_boot, nested_boot=nested
+        )
         seconds = time.perf_counter() - t0
         row[name] = {
             "map": est.map,
@@ -111,12 +117,19 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
             "covered": bool(est.ci[0] <= truth <= est.ci[1]),
             "seconds": seconds,
         }
+        if est.nested_ci is not None:
+            row[name]["nested_ci"] = list(est.nested_ci)
+            row[name]["nested_covered"] = bool(est.nested_ci[0] <= truth <= est.nested_ci[1])
+            row[name]["sample_noise_sd"] = est.sample_noise_sd
         if args.by_count and estimator in HARDNESS_ESTIMATORS:
             row[name]["by_count"] = error_by_sampled_count(
                 pred, truth_pred, estimator, law or None, args.pool
             )
     return row
 
+
+#: Estimators that get the joint (queries × distractors) interval with ``--nested-boot``.
+JOINT_ESTIMATORS = ("count", "evt", "tail")
 
 #: Groups of positives by the number K_S of sampled distractors scoring above them.
 COUNT_GROUPS = (("K_S=0", 0, 1), ("K_S=1-4", 1, 5), ("K_S>=5", 5, None))
@@ -169,9 +182,12 @@ def print_table(rows: list[dict], estimators: tuple[str, ...], args: argparse.Na
         f"(S ≈ {int(args.rate * args.pool):,}, {1 / args.rate:.0f}× extrapolation), "
         f"{args.queries} queries, seed {args.seed}"
     )
-    print("cell: error (+ = over-prediction), * = 95% interval misses the truth")
+    print(
+        "cell: error (+ = over-prediction), * = 95% query-bootstrap interval misses the truth; "
+        "joint = cells covered by the queries × distractors interval (--nested-boot)"
+    )
     head = f"{'estimator':<12}" + "".join(f"{r['world']:>16}" for r in rows)
-    print(head + f"{'mean |err|':>12}{'covered':>9}{'time/world':>12}")
+    print(head + f"{'mean |err|':>12}{'covered':>9}{'joint':>7}{'time/world':>12}")
     print(f"{'truth':<12}" + "".join(f"{r['truth']:>16.4f}" for r in rows))
     for name in estimators:
         cells = "".join(
@@ -180,7 +196,15 @@ def print_table(rows: list[dict], estimators: tuple[str, ...], args: argparse.Na
         mae = np.mean([abs(r[name]["err"]) for r in rows])
         cover = sum(r[name]["covered"] for r in rows)
         secs = np.mean([r[name]["seconds"] for r in rows])
-        print(f"{name:<12}{cells}{mae:>12.4f}{cover:>6d}/{len(rows)}{secs:>11.2f}s")
+        print(
+            f"{name:<12}{cells}{mae:>12.4f}{cover:>6d}/{len(rows)}{joint_cover(rows, name):>7}{secs:>11.2f}s"
+        )
+
+
+def joint_cover(rows: list[dict], name: str) -> str:
+    """'c/n' cells covered by the joint interval, or '-' where none was computed."""
+    cells = [r[name]["nested_covered"] for r in rows if "nested_covered" in r[name]]
+    return f"{sum(cells)}/{len(cells)}" if cells else "-"
 
 
 def print_summary(rows: list[dict], estimators: tuple[str, ...], seeds: list[int]) -> None:
@@ -190,7 +214,7 @@ def print_summary(rows: list[dict], estimators: tuple[str, ...], seeds: list[int
     print(
         f"{'estimator':<12}"
         + "".join(f"{w:>16}" for w in worlds)
-        + f"{'mean |err|':>12}{'covered':>9}"
+        + f"{'mean |err|':>12}{'covered':>9}{'joint':>7}"
     )
     for name in estimators:
         cells = []
@@ -199,7 +223,9 @@ def print_summary(rows: list[dict], estimators: tuple[str, ...], seeds: list[int
             cells.append(f"{np.mean(errs):>16.4f}")
         mae = np.mean([abs(r[name]["err"]) for r in rows])
         cover = sum(r[name]["covered"] for r in rows)
-        print(f"{name:<12}{''.join(cells)}{mae:>12.4f}{cover:>6d}/{len(rows)}")
+        print(
+            f"{name:<12}{''.join(cells)}{mae:>12.4f}{cover:>6d}/{len(rows)}{joint_cover(rows, name):>7}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=1000)
     p.add_argument("--block", type=int, default=65536)
     p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument(
+        "--nested-boot",
+        type=int,
+        default=0,
+        help="replicates of the joint queries × distractors bootstrap for count/evt/tail (0 = off)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--seeds",

@@ -250,3 +250,27 @@ def test_bias_replicates_option_reaches_the_tail_estimator(tmp_path):
     assert maps[0] != pytest.approx(maps[8], abs=1e-6)
     with pytest.raises(ValueError, match="--bias-replicates"):
         main([*common, "--bias-replicates", "-1"])
+
+
+def test_nested_bootstrap_resamples_each_distractor_once_for_all_queries(tmp_path):
+    """With --nested-boot the CLI keys its state by distractor row, so its joint
+    interval equals the functional API's on the same score matrix (column j =
+    row j), where every query shares one multiplicity per distractor."""
+    q, p, owner, x = write_inputs(tmp_path, S=3000)
+    Q = q.shape[0]
+    rows = [[float(q[i] @ p[j]) for j in range(len(owner)) if owner[j] == i] for i in range(Q)]
+    m = max(len(r) for r in rows)
+    pos = torch.tensor([r + [math.nan] * (m - len(r)) for r in rows], dtype=torch.float64)
+    out = tmp_path / "nested.json"
+    assert main([
+        "extrapolate", "--queries", str(tmp_path / "q.npy"), "--positives", str(tmp_path / "p.pt"),
+        "--positive-query", str(tmp_path / "owner.npy"), "--distractors", str(tmp_path / "x.npy"),
+        "--gallery-size", "60000", "--k", "100", "--n-boot", "20", "--estimators", "count",
+        "--nested-boot", "12", "--no-progress", "--json", str(out),
+    ]) == 0  # fmt: skip
+    got = json.loads(out.read_text())["estimators"]["count"]
+    ref = predict_map(
+        pos, torch.from_numpy(q @ x.T), 60_000, 100, "count", n_boot=20, nested_boot=12
+    )
+    assert got["sample_noise_sd"] == pytest.approx(ref.sample_noise_sd, rel=1e-6)
+    assert got["nested_ci"] == pytest.approx(list(ref.nested_ci), rel=1e-6)

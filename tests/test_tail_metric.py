@@ -157,3 +157,43 @@ def test_distractor_scores_are_float32_under_bf16_autocast():
         torch.testing.assert_close(top, reference, rtol=0, atol=1e-6)
         outs.append(float(metric.compute()["map"]))
     assert outs[0] == outs[1]
+
+
+def test_keyed_metric_merges_ranks_with_their_keys_and_resamples_distractors_jointly():
+    q, p, owner, x = make_data(S=5000)
+    ids = torch.arange(x.shape[0]) + 7
+    ranks = []
+    for r in range(2):
+        m = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="count", keyed=True)
+        m.update(queries=q, positives=p, positive_query=owner)
+        m.update(distractors=x[ids % 2 == r], distractor_ids=ids[ids % 2 == r])
+        ranks.append(m)
+    merged = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="count", keyed=True)
+    for attr, fx in merged._reductions.items():
+        setattr(merged, attr, fx(torch.stack([getattr(m, attr) for m in ranks])))
+    merged._update_count = 1
+    top, keys, _ = merged._state().level_with_keys(-1)
+    # Every kept score is the score of the distractor its key names.
+    scores = q.double() @ x.double().T
+    finite_keys = torch.where(torch.isfinite(top), keys - 7, torch.zeros_like(keys))
+    torch.testing.assert_close(
+        top[torch.isfinite(top)],
+        torch.gather(scores, 1, finite_keys)[torch.isfinite(top)],
+        rtol=0,
+        atol=1e-5,
+    )
+    single = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="count", keyed=True)
+    single.update(queries=q, positives=p, positive_query=owner)
+    single.update(distractors=x, distractor_ids=ids)
+    # The same kept distractors per query (tied float32 scores may sit in either order).
+    other = single._state().level_with_keys(-1)[1]
+    assert torch.equal(torch.sort(keys, 1).values, torch.sort(other, 1).values)
+    a = merged.predictor().estimate("count", 200_000, n_boot=20, nested_boot=5)
+    b = single.predictor().estimate("count", 200_000, n_boot=20, nested_boot=5)
+    assert a.nested_ci == b.nested_ci and a.sample_noise_sd == b.sample_noise_sd
+    # Without ids the keyed metric draws its own keys, one per distractor.
+    anon = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="count", keyed=True)
+    anon.update(queries=q, positives=p, positive_query=owner)
+    anon.update(distractors=x)
+    kept = anon._state().level_with_keys(-1)[1]
+    assert int((kept >= 0).all()) and kept.unique().numel() <= x.shape[0]

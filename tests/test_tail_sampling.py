@@ -111,3 +111,80 @@ def test_stream_scores_float32_under_bf16_autocast():
     top, _ = state.level(-1)
     expected = torch.sort(q.double() @ d.double().T, 1, descending=True).values[:, :100]
     torch.testing.assert_close(top, expected, rtol=0, atol=1e-6)
+
+
+def test_keyed_state_keeps_each_scores_distractor_key_through_streaming_and_merging():
+    g = torch.Generator().manual_seed(3)
+    Q, S, T = 6, 4000, 250
+    scores = torch.randn(Q, S, generator=g)  # continuous: no ties, so keys are unambiguous
+    ids = torch.randperm(S, generator=g) + 10_000
+    part = part_of(torch.rand(S, generator=g, dtype=torch.float64), (0.25, 0.5, 1.0))
+    state = NestedTopK(Q, T, (0.25, 0.5, 1.0), keyed=True)
+    for start in range(0, S, 97):  # small blocks: the sparse candidate path carries keys too
+        sl = slice(start, start + 97)
+        state.push(scores[:, sl], part[sl], ids[sl])
+    for level in range(3):
+        cols = (part <= level).nonzero().squeeze(1)
+        order = torch.argsort(scores[:, cols], dim=1, descending=True)[:, :T]
+        top, keys, n = state.level_with_keys(level)
+        assert n == cols.numel()
+        assert torch.equal(keys, ids[cols][order])
+        assert torch.equal(top, torch.gather(scores[:, cols], 1, order).double())
+    halves = [NestedTopK(Q, T, (0.25, 0.5, 1.0), keyed=True) for _ in range(2)]
+    for h, sl in zip(halves, (slice(0, S // 2), slice(S // 2, S))):
+        h.push(scores[:, sl], part[sl], ids[sl])
+    top, keys = NestedTopK.merge_ranks(
+        torch.stack([h.top for h in halves]), torch.stack([h.keys for h in halves])
+    )
+    merged = NestedTopK.from_tensors(top, state.seen, (0.25, 0.5, 1.0), keys)
+    assert torch.equal(merged.level_with_keys(-1)[1], state.level_with_keys(-1)[1])
+
+
+def test_keyed_state_refuses_missing_or_unexpected_keys():
+    with pytest.raises(ValueError, match="needs the distractors' keys"):
+        NestedTopK(2, 10, keyed=True).push(torch.randn(2, 5))
+    with pytest.raises(ValueError, match="without keyed=True"):
+        NestedTopK(2, 10).push(torch.randn(2, 5), -1, torch.arange(5))
+    with pytest.raises(ValueError, match="integers"):
+        NestedTopK(2, 10, keyed=True).push(torch.randn(2, 5), -1, torch.rand(5))
+    with pytest.raises(ValueError, match=r"\(5,\)"):
+        NestedTopK(2, 10, keyed=True).push(torch.randn(2, 5), -1, torch.arange(4))
+    with pytest.raises(ValueError, match="keys must be int64"):
+        NestedTopK.from_tensors(
+            torch.zeros(1, 2, 3),
+            torch.zeros(1, dtype=torch.long),
+            (1.0,),
+            torch.zeros(1, 2, 2).long(),
+        )
+
+
+def test_poisson_multiplicities_are_poisson_one_and_shared_by_every_occurrence_of_a_key():
+    from scipy import stats
+
+    from rl_gap.metrics.tail_sampling import poisson_multiplicities
+
+    keys = torch.arange(200_000)
+    m = poisson_multiplicities(keys, replicate=0, seed=5)
+    counts = np.bincount(m.long().numpy(), minlength=8)[:8]
+    expected = stats.poisson(1.0).pmf(np.arange(8)) * keys.numel()
+    assert (
+        stats.chisquare(counts[:6], expected[:6] * counts[:6].sum() / expected[:6].sum()).pvalue
+        > 1e-3
+    )
+    # The same key gets the same multiplicity wherever it sits; replicates differ; empty slots get 0.
+    grid = torch.stack([keys[:1000], keys[:1000].flip(0)])
+    w = poisson_multiplicities(grid, replicate=0, seed=5)
+    assert torch.equal(w[0], m[:1000]) and torch.equal(w[1], m[:1000].flip(0))
+    other = poisson_multiplicities(keys[:1000], replicate=1, seed=5)
+    assert not torch.equal(other, m[:1000])
+    assert float(np.corrcoef(other.numpy(), m[:1000].numpy())[0, 1]) < 0.1
+    assert bool((poisson_multiplicities(torch.tensor([-1, -1]), 0) == 0).all())
+
+
+def test_stream_scores_keys_a_keyed_state_by_row_position():
+    g = torch.Generator().manual_seed(4)
+    q, d = torch.randn(3, 8, generator=g), torch.randn(700, 8, generator=g)
+    state = NestedTopK(3, 50, keyed=True)
+    stream_scores(q, d, state, block_size=128)
+    top, keys, _ = state.level_with_keys(-1)
+    torch.testing.assert_close(top, torch.gather((q @ d.T).double(), 1, keys), rtol=1e-6, atol=1e-6)

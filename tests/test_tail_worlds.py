@@ -87,7 +87,7 @@ def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(
     argv = [
         "--worlds", "isotropic,student_t", "--pool", "40000", "--rate", "0.1",
         "--queries", "30", "--k", "50", "--n-boot", "20", "--seeds", "0,1",
-        "--estimators", "count,evt,tail", "--by-count",
+        "--estimators", "count,evt,tail", "--by-count", "--nested-boot", "3",
         "--cache", str(tmp_path / "cache"), "--json", str(tmp_path / "out.json"),
     ]  # fmt: skip
     assert script.main(argv) == 0
@@ -102,6 +102,8 @@ def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(
             assert sum(p["err"] for p in parts.values()) == pytest.approx(
                 row[name]["err"], abs=1e-9
             )
+            lo, hi = row[name]["nested_ci"]  # the joint interval, centred on the prediction
+            assert lo <= row[name]["map"] <= hi and row[name]["sample_noise_sd"] > 0
     assert len(list((tmp_path / "cache").glob("*.pt"))) == 4
     script.stream_world = None  # a second run must not stream again
     assert script.main(argv) == 0

@@ -80,7 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--n-boot", type=int, default=1000, help="query-bootstrap replicates")
     parser.add_argument(
-        "--nested-boot", type=int, default=0, help="nested (queries x sample) bootstrap replicates"
+        "--nested-boot",
+        type=int,
+        default=0,
+        help="replicates of the joint (queries x distractors) bootstrap for nested_ci",
     )
     parser.add_argument(
         "--bias-replicates",
@@ -290,7 +293,10 @@ def run(args: argparse.Namespace) -> int:
         part = part_of(torch.from_numpy(hash_uniform(ids, args.seed)), DEFAULT_FRACTIONS)
 
     config = TailConfig()
-    state = NestedTopK(queries.shape[0], max(args.k, config.n_top), DEFAULT_FRACTIONS)
+    # Keyed by row: the nested bootstrap then resamples distractors jointly across queries.
+    state = NestedTopK(
+        queries.shape[0], max(args.k, config.n_top), DEFAULT_FRACTIONS, keyed=args.nested_boot > 0
+    )
     progress = _Progress(S, not args.no_progress)
 
     class _Checked:  # validates each block as it is read, so a memory map is never loaded whole

@@ -61,9 +61,16 @@ def __getattr__(name: str):
 
 
 def state_from_scores(
-    sample_scores: torch.Tensor, capacity: int, fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    sample_scores: torch.Tensor,
+    capacity: int,
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+    keyed: bool = False,
 ) -> NestedTopK:
-    """Top-T state of a full (Q, S) sample score matrix; nested levels are column prefixes."""
+    """Top-T state of a full (Q, S) sample score matrix; nested levels are column prefixes.
+
+    ``keyed``: key each kept score by its column (column j is one distractor
+    for every query), for the joint nested bootstrap.
+    """
     if not isinstance(sample_scores, torch.Tensor) or sample_scores.dim() != 2:
         raise ValueError(
             f"sample_scores must be a (Q, S) tensor, got {getattr(sample_scores, 'shape', type(sample_scores))}"
@@ -74,14 +81,15 @@ def state_from_scores(
     if S == 0:
         raise ValueError("the distractor sample is empty (sample_scores has 0 columns)")
     dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
-    state = NestedTopK(Q, capacity, fractions, dtype=dtype)
+    state = NestedTopK(Q, capacity, fractions, dtype=dtype, keyed=keyed)
     bounds = [0] + [int(round(f * S)) for f in fractions]
     for p in range(len(fractions)):
         for start in range(bounds[p], bounds[p + 1], 65536):
             block = sample_scores[:, start : min(bounds[p + 1], start + 65536)]
             if not bool(torch.isfinite(block).all()):
                 raise ValueError("sample_scores contains NaN or ±inf")
-            state.push(block, p)
+            keys = torch.arange(start, start + block.shape[1]) if keyed else None
+            state.push(block, p, keys)
     return state
 
 
@@ -117,7 +125,9 @@ def predict_map(
             otherwise); "plugin" expected ranks (paper) or "binomial"/"poisson" E[AP@k].
         n_boot: query-bootstrap replicates for ``ci``.
         confidence: interval mass (0.95).
-        nested_boot: replicates of the nested (queries × sample) bootstrap; 0 = off.
+        nested_boot: replicates of the joint bootstrap (queries resampled, and
+            the distractor sample resampled once for all queries: column j is
+            one distractor); 0 = off. Gives ``nested_ci`` and ``sample_noise_sd``.
         budget: add the S/4, S/2, S sufficient-budget diagnostic.
         config: EVT settings (top 4000, 95th percentile, < 5 count rule).
         seed: bootstrap seed.
@@ -133,7 +143,7 @@ def predict_map(
         )
     check_positive_scores(pos_scores, sample_scores.shape[0])
     _check_common(gallery_size, sample_scores.shape[1], k, estimator, rank_law)
-    state = state_from_scores(sample_scores, max(int(k), config.n_top))
+    state = state_from_scores(sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0)
     predictor = TailPredictor(pos_scores, state, k, config, seed, bayes)
     return predictor.estimate(
         estimator, gallery_size, rank_law, n_boot, confidence, nested_boot, budget

@@ -35,6 +35,11 @@ def _merge_top(stacked: torch.Tensor) -> torch.Tensor:
     return NestedTopK.merge_ranks(stacked)
 
 
+def _stack_ranks(stacked: torch.Tensor) -> torch.Tensor:
+    """Keep the per-rank (W, P, Q, T) stack: a keyed state merges scores and keys together."""
+    return stacked
+
+
 def _sum_counts(stacked: torch.Tensor) -> torch.Tensor:
     return stacked.sum(0) if stacked.dim() == 2 else stacked
 
@@ -55,6 +60,11 @@ class TailExtrapolatedMAP(Metric):
         block_size: distractors per GEMM block when fed embeddings.
         seed: seeds the random part assignment (when no ids) and the bootstrap.
         config: EVT settings.
+        keyed: keep each kept score's distractor key (its id, or a random key
+            when no ids are given), so that ``estimate(nested_boot=...)``
+            resamples distractors jointly across queries (a distractor that
+            ranks high for many queries moves them all at once). Triples the
+            state's memory.
 
     Example::
 
@@ -80,6 +90,7 @@ class TailExtrapolatedMAP(Metric):
         block_size: int = 32768,
         seed: int = 0,
         config: TailConfig = DEFAULT_CONFIG,
+        keyed: bool = False,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -105,11 +116,18 @@ class TailExtrapolatedMAP(Metric):
         self.add_state(
             "pos_scores", default=torch.zeros(0, 0, dtype=torch.float64), dist_reduce_fx=_first_rank
         )
+        self.keyed = keyed
         self.add_state(
             "top",
             default=torch.zeros(len(self.fractions), 0, self.capacity),
-            dist_reduce_fx=_merge_top,
+            dist_reduce_fx=_stack_ranks if keyed else _merge_top,
         )
+        if keyed:
+            self.add_state(
+                "keys",
+                default=torch.zeros(len(self.fractions), 0, self.capacity, dtype=torch.long),
+                dist_reduce_fx=_stack_ranks,
+            )
         self.add_state(
             "seen",
             default=torch.zeros(len(self.fractions), dtype=torch.long),
@@ -223,22 +241,35 @@ class TailExtrapolatedMAP(Metric):
         self.top = torch.full(
             (len(self.fractions), self.pos_scores.shape[0], self.capacity), -math.inf
         )
+        if self.keyed:
+            self.keys = torch.full(self.top.shape, -1, dtype=torch.long)
 
     def _push(self, scores: torch.Tensor, ids: torch.Tensor | None) -> None:
+        keys = None
         if ids is not None:
             u = torch.from_numpy(hash_uniform(ids, seed=self.seed))
+            keys = torch.as_tensor(ids).long() if self.keyed else None
         else:
             if self._generator is None:
                 from rl_gap.losses.dist import rank
 
                 self._generator = torch.Generator().manual_seed(self.seed * 1009 + rank())
             u = torch.rand(scores.shape[1], generator=self._generator, dtype=torch.float64)
+            if self.keyed:  # random 62-bit keys: distinct across blocks and ranks in practice
+                keys = torch.randint(0, 1 << 62, (scores.shape[1],), generator=self._generator)
         state = self._state()
-        state.push(scores.float(), part_of(u, self.fractions))
+        state.push(scores.float(), part_of(u, self.fractions), keys)
         self.top, self.seen = state.top, state.seen
+        if self.keyed:
+            self.keys = state.keys
 
     def _state(self) -> NestedTopK:
-        return NestedTopK.from_tensors(self.top, self.seen, self.fractions)
+        if not self.keyed:
+            return NestedTopK.from_tensors(self.top, self.seen, self.fractions)
+        top, keys = self.top, self.keys
+        if top.dim() == 4:  # synced: (W, P, Q, T) per-rank stacks, merged together
+            top, keys = NestedTopK.merge_ranks(top, keys)
+        return NestedTopK.from_tensors(top, self.seen, self.fractions, keys)
 
     # ---------------------------------------------------------------- compute
     def predictor(self) -> TailPredictor:

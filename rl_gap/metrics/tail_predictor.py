@@ -6,6 +6,7 @@ Used by :func:`rl_gap.metrics.tail.predict_map`, the torchmetrics class and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -50,7 +51,7 @@ from rl_gap.metrics.tail_rank import (
     ap_at_k_from_hardness,
     sort_positives,
 )
-from rl_gap.metrics.tail_sampling import NestedTopK
+from rl_gap.metrics.tail_sampling import NestedTopK, poisson_multiplicities
 
 
 class TailPredictor:
@@ -88,6 +89,7 @@ class TailPredictor:
         self.query_ok = self.valid.any(1)
         self.sample_size = int(state.seen.sum())
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
+        self._level_keys: dict[int, torch.Tensor | None] = {}
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
         ] = {}
@@ -104,8 +106,15 @@ class TailPredictor:
         """(top (Q, T) sorted descending, size) of nested sub-sample ``index``."""
         index = index % len(self.state.fractions)
         if index not in self._levels:
-            self._levels[index] = self.state.level(index)
+            top, keys, size = self.state.level_with_keys(index)
+            self._levels[index] = (top, size)
+            self._level_keys[index] = keys
         return self._levels[index]
+
+    def level_keys(self, index: int = -1) -> torch.Tensor | None:
+        """(Q, T) distractor keys aligned with :meth:`level` (None if the state has none)."""
+        self.level(index)
+        return self._level_keys[index % len(self.state.fractions)]
 
     def hardness(
         self, estimator: str, level: int = -1, weight: torch.Tensor | None = None
@@ -141,8 +150,12 @@ class TailPredictor:
         rank_law: str | None = None,
         level: int = -1,
         weight: torch.Tensor | None = None,
+        bayes: BayesTailConfig | None = None,
     ) -> torch.Tensor:
-        """(Q,) per-query AP@k; NaN for queries without positives (and for curve fits)."""
+        """(Q,) per-query AP@k; NaN for queries without positives (and for curve fits).
+
+        ``bayes`` overrides the ``tail`` estimator's settings for this call.
+        """
         law = resolve_rank_law(estimator, rank_law)
         if estimator == "sample":
             top, _ = self.level(level)
@@ -160,7 +173,7 @@ class TailPredictor:
                 n,
                 gallery_size,
                 self.k,
-                self.bayes,
+                bayes or self.bayes,
             )
         elif estimator in HARDNESS_ESTIMATORS:
             x, _, _ = self.hardness(estimator, level, weight)
@@ -234,9 +247,15 @@ class TailPredictor:
                 "plugin"), "plugin", "binomial" or "poisson" (see tail_rank).
             n_boot: query-bootstrap replicates.
             confidence: interval mass.
-            nested_boot: if > 0, also resample the distractor sample
-                (Poisson(1) multiplicities of the kept scores) this many times,
-                jointly with the queries, for ``nested_ci``.
+            nested_boot: if > 0, also resample the distractor sample this
+                many times (Poisson(1) multiplicities), jointly with the
+                queries, for ``nested_ci`` and ``sample_noise_sd``. With a
+                ``keyed`` state a distractor gets one multiplicity for every
+                query (the sample's shared noise: one distractor that ranks
+                high for many queries moves them all); otherwise each query's
+                kept scores are resampled independently, which misses it.
+                ``tail`` replicates refit without the bias correction and add
+                each query's correction from the full sample.
             budget: add the sufficient-budget diagnostic (S/4, S/2, S).
         """
         _check_common(gallery_size, self.sample_size, self.k, estimator, rank_law)
@@ -280,7 +299,7 @@ class TailPredictor:
                 est.tail_ok = est.fit.ok
         if nested_boot > 0 and estimator in (*HARDNESS_ESTIMATORS, "sample"):
             est.nested_ci, est.sample_noise_sd = self._nested(
-                estimator, gallery_size, rank_law, nested_boot, confidence
+                estimator, gallery_size, rank_law, nested_boot, confidence, per_query
             )
         if budget and estimator in HARDNESS_ESTIMATORS:
             est.budget = self.budget(estimator, gallery_size, rank_law, n_boot, confidence, ci)
@@ -293,20 +312,39 @@ class TailPredictor:
         rank_law: str | None,
         n_rep: int,
         confidence: float,
+        per_query: torch.Tensor,
     ) -> tuple[tuple[float, float], float]:
         gen = self._generator(1)
         top, _ = self.level(-1)
-        finite = torch.isfinite(top)
+        keys = self.level_keys(-1)
+        finite = torch.isfinite(top).to(torch.float64)
         rows = self.query_ok.nonzero().squeeze(1)
+        # The tail estimator's bias correction costs ~7 plain fits: replicates
+        # refit without it and carry each query's correction from the full sample.
+        fast, shift = None, 0.0
+        if estimator == "tail" and resolve_rank_law(estimator, rank_law) == PREDICTIVE:
+            if self.bayes.bias_replicates > 0:
+                fast = dataclasses.replace(self.bayes, bias_replicates=0)
+                plain = self.per_query(estimator, gallery_size, rank_law, bayes=fast)
+                shift = (per_query - plain)[rows]
+        estimate = float(per_query[rows].mean())
         joint, sample_only = [], []
-        for _ in range(n_rep):
-            weight = torch.poisson(finite.to(torch.float64), generator=gen)
-            pq = self.per_query(estimator, gallery_size, rank_law, weight=weight)[rows]
+        for b in range(n_rep):
+            if keys is None:  # each query's kept scores resampled on their own
+                weight = torch.poisson(finite, generator=gen)
+            else:  # one multiplicity per distractor, shared by every query
+                weight = poisson_multiplicities(keys, b, self.seed) * finite
+            pq = self.per_query(estimator, gallery_size, rank_law, weight=weight, bayes=fast)
+            pq = pq[rows] + shift
             sample_only.append(pq.mean())
             pick = torch.randint(0, rows.numel(), (rows.numel(),), generator=gen)
             joint.append(pq[pick].mean())
-        interval = percentile_interval(torch.stack(joint), confidence)
-        return interval, float(torch.stack(sample_only).std())
+        # Centred on the prediction: reweighting the few sampled distractors above a
+        # positive shifts the replicates' mean (a count of 1 becomes 0 in 37% of
+        # them), which is the resampling's artefact, not the estimator's bias.
+        joint_t = torch.stack(joint)
+        lo, hi = percentile_interval(joint_t - joint_t.mean(), confidence)
+        return (estimate + lo, estimate + hi), float(torch.stack(sample_only).std())
 
     def budget(
         self,

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -91,6 +93,12 @@ class NestedTopK:
         capacity: T, scores kept per query and part (≥ k and ≥ the EVT's 4000).
         fractions: increasing nested fractions ending at 1.
         dtype: storage dtype of the kept scores.
+        keyed: also keep, for every kept score, the integer key of its
+            distractor (its id, or any label shared by all queries), so that
+            the sample can be resampled jointly across queries
+            (:func:`poisson_multiplicities`): a distractor that ranks high for
+            many queries moves all of them at once, which resampling each
+            query's scores independently cannot see.
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class NestedTopK:
         capacity: int,
         fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
         dtype: torch.dtype = torch.float32,
+        keyed: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -110,54 +119,90 @@ class NestedTopK:
         self.capacity = int(capacity)
         self.top = torch.full((len(fractions), n_queries, capacity), -torch.inf, dtype=dtype)
         self.seen = torch.zeros(len(fractions), dtype=torch.long)
+        self.keys: torch.Tensor | None = (
+            torch.full(self.top.shape, -1, dtype=torch.long) if keyed else None
+        )
 
     @classmethod
     def from_tensors(
-        cls, top: torch.Tensor, seen: torch.Tensor, fractions: tuple[float, ...]
+        cls,
+        top: torch.Tensor,
+        seen: torch.Tensor,
+        fractions: tuple[float, ...],
+        keys: torch.Tensor | None = None,
     ) -> NestedTopK:
-        """Wrap existing (P, Q, T) top lists and (P,) sizes (e.g. a metric's synced state)."""
+        """Wrap existing (P, Q, T) top lists, (P,) sizes and optional (P, Q, T) keys."""
         if top.dim() != 3 or top.shape[0] != len(fractions) or seen.shape != (len(fractions),):
             raise ValueError(
                 f"state shapes {tuple(top.shape)}, {tuple(seen.shape)} do not match {fractions}"
             )
+        if keys is not None and (keys.shape != top.shape or keys.dtype != torch.long):
+            raise ValueError(
+                f"keys must be int64 of the scores' shape {tuple(top.shape)}, "
+                f"got {keys.dtype} {tuple(keys.shape)}"
+            )
         state = cls(1, top.shape[2], fractions, dtype=top.dtype)
-        state.top, state.seen = top, seen
+        state.top, state.seen, state.keys = top, seen, keys
         return state
 
     @property
     def n_queries(self) -> int:
         return self.top.shape[1]
 
-    def push(self, scores: torch.Tensor, part: int | torch.Tensor = -1) -> None:
+    def push(
+        self,
+        scores: torch.Tensor,
+        part: int | torch.Tensor = -1,
+        keys: torch.Tensor | None = None,
+    ) -> None:
         """Add a block of distractor scores (Q, B).
 
         Args:
             scores: (Q, B) scores of B distractors against every query.
             part: one part index for the whole block, or a (B,) tensor of part
                 indices (e.g. :func:`part_of` of hashed ids).
+            keys: (B,) integer keys of the distractors; required by (and only
+                accepted by) a ``keyed`` state.
         """
         if scores.dim() != 2 or scores.shape[0] != self.n_queries:
             raise ValueError(
                 f"scores must be (Q={self.n_queries}, B), got shape {tuple(scores.shape)}"
             )
+        if (keys is None) != (self.keys is None):
+            raise ValueError(
+                "a keyed state needs the distractors' keys=(B,) with every block"
+                if keys is None
+                else "keys given to a state built without keyed=True"
+            )
+        if keys is not None:
+            keys = torch.as_tensor(keys)
+            if keys.shape != (scores.shape[1],) or keys.dtype.is_floating_point:
+                raise ValueError(
+                    f"keys must be ({scores.shape[1]},) integers, got {keys.dtype} {tuple(keys.shape)}"
+                )
+            keys = keys.long()
         if isinstance(part, int):
-            self._push_part(scores, part % len(self.fractions))
+            self._push_part(scores, part % len(self.fractions), keys)
             return
         if part.numel() and bool((part == part[0]).all()):
-            self._push_part(scores, int(part[0]) % len(self.fractions))
+            self._push_part(scores, int(part[0]) % len(self.fractions), keys)
             return
         for p in range(len(self.fractions)):
             cols = (part == p).nonzero().squeeze(1)
             if cols.numel():
-                self._push_part(scores.index_select(1, cols), p)
+                sub_keys = None if keys is None else keys[cols]
+                self._push_part(scores.index_select(1, cols), p, sub_keys)
 
-    def _push_part(self, scores: torch.Tensor, p: int) -> None:
+    def _push_part(self, scores: torch.Tensor, p: int, keys: torch.Tensor | None) -> None:
         scores = scores.to(self.top.dtype)
         current = self.top[p]
         n_cols = scores.shape[1]
         self.seen[p] += n_cols
+        block_keys = None
         if self.seen[p] - n_cols < self.capacity:
             merged = torch.cat([current, scores], dim=1)
+            if keys is not None:
+                block_keys = keys.unsqueeze(0).expand(self.n_queries, -1)
         else:
             # Only scores above the row's current T-th best can enter its list.
             kth = current.amin(dim=1, keepdim=True)
@@ -168,6 +213,8 @@ class NestedTopK:
                 return
             if width * 4 > n_cols:
                 merged = torch.cat([current, scores], dim=1)
+                if keys is not None:
+                    block_keys = keys.unsqueeze(0).expand(self.n_queries, -1)
             else:
                 rows, cols = enter.nonzero(as_tuple=True)
                 starts = torch.cumsum(per_row, 0) - per_row
@@ -175,22 +222,72 @@ class NestedTopK:
                 candidates = torch.full((self.n_queries, width), -torch.inf, dtype=self.top.dtype)
                 candidates[rows, slot] = scores[rows, cols]
                 merged = torch.cat([current, candidates], dim=1)
-        self.top[p] = torch.topk(merged, self.capacity, dim=1, sorted=False).values
+                if keys is not None:
+                    block_keys = torch.full((self.n_queries, width), -1, dtype=torch.long)
+                    block_keys[rows, slot] = keys[cols]
+        kept = torch.topk(merged, self.capacity, dim=1, sorted=False)
+        self.top[p] = kept.values
+        if self.keys is not None:
+            merged_keys = torch.cat([self.keys[p], block_keys], dim=1)
+            self.keys[p] = torch.gather(merged_keys, 1, kept.indices)
 
     def level(self, index: int) -> tuple[torch.Tensor, int]:
         """Top-T (Q, T) float64, sorted descending, and size of nested level ``index``."""
+        top, _, size = self.level_with_keys(index)
+        return top, size
+
+    def level_with_keys(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """:meth:`level` plus the (Q, T) keys in the same order (None if not keyed)."""
         index = index % len(self.fractions)
-        parts = self.top[: index + 1]
-        merged = parts.permute(1, 0, 2).reshape(self.n_queries, -1)
-        top = torch.topk(merged, min(self.capacity, merged.shape[1]), dim=1).values
-        return top.to(torch.float64), int(self.seen[: index + 1].sum())
+        flat = lambda x: x[: index + 1].permute(1, 0, 2).reshape(self.n_queries, -1)  # noqa: E731
+        merged = flat(self.top)
+        kept = torch.topk(merged, min(self.capacity, merged.shape[1]), dim=1)
+        keys = None if self.keys is None else torch.gather(flat(self.keys), 1, kept.indices)
+        return kept.values.to(torch.float64), keys, int(self.seen[: index + 1].sum())
 
     @staticmethod
-    def merge_ranks(stacked: torch.Tensor) -> torch.Tensor:
-        """Merge (W, P, Q, T) per-rank states into one (P, Q, T) (DDP reduction)."""
+    def merge_ranks(
+        stacked: torch.Tensor, stacked_keys: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Merge (W, P, Q, T) per-rank states into one (P, Q, T) (DDP reduction).
+
+        With ``stacked_keys`` (W, P, Q, T), returns (top, keys).
+        """
         w, p, q, t = stacked.shape
-        flat = stacked.permute(1, 2, 0, 3).reshape(p, q, w * t)
-        return torch.topk(flat, t, dim=-1, sorted=False).values
+        flat = lambda x: x.permute(1, 2, 0, 3).reshape(p, q, w * t)  # noqa: E731
+        kept = torch.topk(flat(stacked), t, dim=-1, sorted=False)
+        if stacked_keys is None:
+            return kept.values
+        return kept.values, torch.gather(flat(stacked_keys), -1, kept.indices)
+
+
+#: Poisson(1) cumulative probabilities P(M ≤ m), m = 0..19 (beyond: < 1e-17).
+_POISSON1_CDF = torch.tensor(
+    [sum(math.exp(-1.0) / math.factorial(i) for i in range(m + 1)) for m in range(20)],
+    dtype=torch.float64,
+)
+
+
+def poisson_multiplicities(keys: torch.Tensor, replicate: int, seed: int = 0) -> torch.Tensor:
+    """Poisson(1) bootstrap multiplicity of every key, the same wherever the key occurs.
+
+    The multiplicity of key ``i`` in replicate ``b`` is the Poisson(1) quantile
+    of ``hash_uniform(i, seed')`` (``seed'`` from ``seed`` and ``b``), so a
+    distractor kept in several queries' lists gets one multiplicity in all of
+    them: the replicate resamples the distractor sample, not each query's
+    scores independently.
+
+    Args:
+        keys: integer keys, any shape (negative keys, the empty slots, get 0).
+        replicate: replicate index b.
+        seed: bootstrap seed.
+
+    Returns:
+        float64 tensor of keys' shape.
+    """
+    u = torch.from_numpy(hash_uniform(keys, seed=seed * 1_000_003 + replicate + 1))
+    m = torch.bucketize(u, _POISSON1_CDF, right=True).to(torch.float64)
+    return torch.where(keys >= 0, m, torch.zeros_like(m))
 
 
 def stream_scores(
@@ -201,6 +298,7 @@ def stream_scores(
     part: torch.Tensor | None = None,
     block_size: int = 32768,
     progress=None,
+    keys: torch.Tensor | None = None,
 ) -> None:
     """Score distractor embeddings against all queries in GEMM blocks into ``state``.
 
@@ -213,8 +311,12 @@ def stream_scores(
             order: prefixes are then random sub-samples).
         block_size: distractors per GEMM block.
         progress: optional callable ``progress(n_done)`` after each block.
+        keys: (B,) distractor keys for a ``keyed`` state; default: the row
+            positions 0..B−1.
     """
     n = distractors.shape[0]
+    if state.keys is not None and keys is None:
+        keys = torch.arange(n)
     if part is None:
         # Position-based nesting: first f_0·n items → part 0, and so on.
         bounds = [0] + [int(round(f * n)) for f in state.fractions]
@@ -226,6 +328,7 @@ def stream_scores(
         block = distractors[start : start + block_size]
         block = torch.as_tensor(np.asarray(block) if not isinstance(block, torch.Tensor) else block)
         scores = full_precision_similarity(q, block.to(torch.float32))
-        state.push(scores, part[start : start + block_size])
+        block_keys = None if keys is None else keys[start : start + block_size]
+        state.push(scores, part[start : start + block_size], block_keys)
         if progress is not None:
             progress(min(n, start + block_size))
