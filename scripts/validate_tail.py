@@ -16,10 +16,13 @@ the truth, and the estimator's time.
 
 ``--by-count`` splits each hardness estimator's error over the positives by
 their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error.
+``--nested-boot B`` adds, for count/evt/tail, the joint interval that also
+resamples the distractor sample once for all queries (the sample is keyed by
+pool position) and reports how many cells it covers.
 
 1000 queries by default (about the size of ILIAS or INSTRE): at 200 the
 distractor sample alone moves the prediction by 0.007–0.016. ``--cache``
-keeps the streamed states (~70 MB per world) so that later runs with the same
+keeps the streamed states (~200 MB per world with the keys) so that later runs with the same
 settings only re-run the estimators.
 
 Worlds and their parameters are fixed up front (seeded, not tuned to an

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from statistics import NormalDist
 
 import torch
 
@@ -116,6 +117,18 @@ class TailPredictor:
         self.level(index)
         return self._level_keys[index % len(self.state.fractions)]
 
+    def _tail_fit(
+        self, level: int = -1, weight: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, GPDPosterior]:
+        """(sampled counts K_S, GPD posterior) of the ``tail`` estimator on a level."""
+        key = ("tail", level % len(self.state.fractions))
+        if weight is None and key in self._hardness:
+            _, counts, post = self._hardness[key]
+            return counts, post
+        top, n = self.level(level)
+        counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
+        return counts, gpd_posterior(top, n, weight, self.bayes)
+
     def hardness(
         self, estimator: str, level: int = -1, weight: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]:
@@ -128,8 +141,7 @@ class TailPredictor:
             return self._hardness[key]
         top, n = self.level(level)
         if estimator == "tail":
-            counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
-            post = gpd_posterior(top, n, weight, self.bayes)
+            counts, post = self._tail_fit(level, weight)
             # Posterior-mean hardness does not depend on N; any N ≥ n gives it.
             _, x = tail_expected_ap(
                 self.pos_sorted, self.valid, self.j, counts, post, n, n, 1, self.bayes
@@ -162,7 +174,7 @@ class TailPredictor:
             counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
             ap = ap_at_k_from_counts(self.j, self.valid, counts, self.k)
         elif estimator == "tail" and law == PREDICTIVE:
-            _, counts, post = self.hardness(estimator, level, weight)
+            counts, post = self._tail_fit(level, weight)  # the hardness itself is not needed
             _, n = self.level(level)
             ap, _ = tail_expected_ap(
                 self.pos_sorted,
@@ -342,9 +354,10 @@ class TailPredictor:
         # Centred on the prediction: reweighting the few sampled distractors above a
         # positive shifts the replicates' mean (a count of 1 becomes 0 in 37% of
         # them), which is the resampling's artefact, not the estimator's bias.
-        joint_t = torch.stack(joint)
-        lo, hi = percentile_interval(joint_t - joint_t.mean(), confidence)
-        return (estimate + lo, estimate + hi), float(torch.stack(sample_only).std())
+        # Normal width from the replicates' sd: stable with the few replicates
+        # that an expensive estimator affords (percentiles of 25 are extremes).
+        half = NormalDist().inv_cdf(0.5 + confidence / 2) * float(torch.stack(joint).std())
+        return (estimate - half, estimate + half), float(torch.stack(sample_only).std())
 
     def budget(
         self,
