@@ -91,6 +91,7 @@ class TailPredictor:
         self.sample_size = int(state.seen.sum())
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
         self._level_keys: dict[int, torch.Tensor | None] = {}
+        self._tail_fits: dict[int, tuple[torch.Tensor, GPDPosterior]] = {}
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
         ] = {}
@@ -121,13 +122,15 @@ class TailPredictor:
         self, level: int = -1, weight: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, GPDPosterior]:
         """(sampled counts K_S, GPD posterior) of the ``tail`` estimator on a level."""
-        key = ("tail", level % len(self.state.fractions))
-        if weight is None and key in self._hardness:
-            _, counts, post = self._hardness[key]
-            return counts, post
+        index = level % len(self.state.fractions)
+        if weight is None and index in self._tail_fits:
+            return self._tail_fits[index]
         top, n = self.level(level)
         counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
-        return counts, gpd_posterior(top, n, weight, self.bayes)
+        fit = counts, gpd_posterior(top, n, weight, self.bayes)
+        if weight is None:
+            self._tail_fits[index] = fit
+        return fit
 
     def hardness(
         self, estimator: str, level: int = -1, weight: torch.Tensor | None = None
