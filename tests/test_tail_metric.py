@@ -84,18 +84,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out_path: str) -> None:
+def _worker(rank: int, world: int, port: int, out_path: str, keyed: bool = False) -> None:
     torch.set_num_threads(1)  # two workers on a shared 2-core machine
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         q, p, owner, x = make_data(S=5000)
-        metric = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="evt", n_boot=200)
+        metric = TailExtrapolatedMAP(
+            gallery_size=200_000, k=50, estimator="evt", n_boot=200, keyed=keyed
+        )
         metric.update(queries=q, positives=p, positive_query=owner)  # replicated
         ids = torch.arange(x.shape[0])
         shard = ids % world == rank  # distractors sharded across ranks
         metric.update(distractors=x[shard], distractor_ids=ids[shard])
         out = metric.compute()
+        if keyed:  # the synced state merges every rank's scores with their keys
+            est = metric.estimate(nested_boot=5)
+            out["sample_noise_sd"] = torch.tensor(est.sample_noise_sd)
         if rank == 0:
             torch.save({k: v for k, v in out.items()}, out_path)
     finally:
@@ -128,17 +133,23 @@ def test_rank_reductions_merge_sharded_states_exactly():
 
 @pytest.mark.ddp
 @pytest.mark.slow  # process start-up dominates (minutes on a loaded 2-core machine)
-def test_ddp_two_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("keyed", [False, True])
+def test_ddp_two_ranks_equal_one_process(tmp_path, keyed):
     out_path = str(tmp_path / "out.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out_path), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), out_path, keyed), nprocs=2, join=True)
     got = torch.load(out_path)
     q, p, owner, x = make_data(S=5000)
-    single = TailExtrapolatedMAP(gallery_size=200_000, k=50, estimator="evt", n_boot=200)
+    single = TailExtrapolatedMAP(
+        gallery_size=200_000, k=50, estimator="evt", n_boot=200, keyed=keyed
+    )
     single.update(queries=q, positives=p, positive_query=owner)
     single.update(distractors=x, distractor_ids=torch.arange(x.shape[0]))
     ref = single.compute()
     for key in ("map", "ci_low", "ci_high"):
         assert float(got[key]) == pytest.approx(float(ref[key]), abs=1e-9)
+    if keyed:
+        sd = single.estimate(nested_boot=5).sample_noise_sd
+        assert float(got["sample_noise_sd"]) == pytest.approx(sd, rel=1e-6)
 
 
 def test_distractor_scores_are_float32_under_bf16_autocast():
