@@ -252,7 +252,7 @@ def test_bias_replicates_option_reaches_the_tail_estimator(tmp_path):
         main([*common, "--bias-replicates", "-1"])
 
 
-def test_nested_bootstrap_resamples_each_distractor_once_for_all_queries(tmp_path):
+def test_nested_bootstrap_resamples_each_distractor_once_for_all_queries(tmp_path, capsys):
     """With --nested-boot the CLI keys its state by distractor row, so its joint
     interval equals the functional API's on the same score matrix (column j =
     row j), where every query shares one multiplicity per distractor."""
@@ -268,6 +268,7 @@ def test_nested_bootstrap_resamples_each_distractor_once_for_all_queries(tmp_pat
         "--gallery-size", "60000", "--k", "100", "--n-boot", "20", "--estimators", "count",
         "--nested-boot", "12", "--no-progress", "--json", str(out),
     ]) == 0  # fmt: skip
+    assert "joint CI" in capsys.readouterr().out
     got = json.loads(out.read_text())["estimators"]["count"]
     ref = predict_map(
         pos, torch.from_numpy(q @ x.T), 60_000, 100, "count", n_boot=20, nested_boot=12

@@ -396,7 +396,10 @@ def _print_table(out: dict) -> None:
         if "n_tail_fallback" in r:
             notes.append(f"{r['n_tail_fallback']} degenerate tails counted")
         if "nested_ci" in r:
-            notes.append(f"nested CI [{r['nested_ci'][0]:.4f}, {r['nested_ci'][1]:.4f}]")
+            notes.append(
+                f"joint CI [{r['nested_ci'][0]:.4f}, {r['nested_ci'][1]:.4f}] "
+                f"(distractor-sample sd {r['sample_noise_sd']:.4f})"
+            )
         table.add_row(
             name,
             f"{r['map']:.4f}",
