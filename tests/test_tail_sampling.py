@@ -147,6 +147,8 @@ def test_keyed_state_refuses_missing_or_unexpected_keys():
         NestedTopK(2, 10).push(torch.randn(2, 5), -1, torch.arange(5))
     with pytest.raises(ValueError, match="integers"):
         NestedTopK(2, 10, keyed=True).push(torch.randn(2, 5), -1, torch.rand(5))
+    with pytest.raises(ValueError, match="non-negative"):
+        NestedTopK(2, 10, keyed=True).push(torch.randn(2, 3), -1, torch.tensor([0, -2, 1]))
     with pytest.raises(ValueError, match=r"\(5,\)"):
         NestedTopK(2, 10, keyed=True).push(torch.randn(2, 5), -1, torch.arange(4))
     with pytest.raises(ValueError, match="keys must be int64"):

@@ -161,8 +161,8 @@ class NestedTopK:
             scores: (Q, B) scores of B distractors against every query.
             part: one part index for the whole block, or a (B,) tensor of part
                 indices (e.g. :func:`part_of` of hashed ids).
-            keys: (B,) integer keys of the distractors; required by (and only
-                accepted by) a ``keyed`` state.
+            keys: (B,) non-negative integer keys of the distractors; required
+                by (and only accepted by) a ``keyed`` state.
         """
         if scores.dim() != 2 or scores.shape[0] != self.n_queries:
             raise ValueError(
@@ -181,6 +181,8 @@ class NestedTopK:
                     f"keys must be ({scores.shape[1]},) integers, got {keys.dtype} {tuple(keys.shape)}"
                 )
             keys = keys.long()
+            if keys.numel() and int(keys.min()) < 0:
+                raise ValueError("keys must be non-negative (-1 marks an empty slot)")
         if isinstance(part, int):
             self._push_part(scores, part % len(self.fractions), keys)
             return
