@@ -43,7 +43,7 @@ from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
 from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
 from rl_gap.metrics.tail_hardness import sample_counts
 from rl_gap.metrics.tail_predictive import tail_precision_terms
-from rl_gap.metrics.tail_rank import ap_at_k_from_hardness
+from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, ap_from_precision_terms
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.metrics.tail_simulate import WORLDS, World
 
@@ -152,7 +152,6 @@ def error_by_sampled_count(
     pool_counts, _ = sample_counts(truth.pos_sorted, truth.valid, truth.level(-1)[0])
     j, valid, k = pred.j, pred.valid, pred.k
     n_sample = pred.sample_size
-    norm = valid.sum(1).to(torch.float64).clamp(max=float(k)).clamp_min(1.0)
     rank = j + pool_counts
     realized = torch.where(valid & (rank <= k), j / rank, torch.zeros_like(j))
     if estimator == "tail" and resolve_rank_law(estimator, law) == PREDICTIVE:
@@ -174,7 +173,7 @@ def error_by_sampled_count(
     rows = pred.query_ok
     for label, lo, hi in COUNT_GROUPS:
         group = valid & (counts >= lo) & (counts < hi if hi is not None else True)
-        err = ((predicted - realized) * group).sum(1) / norm
+        err = ap_from_precision_terms((predicted - realized) * group, valid, k)
         out[label] = {"err": float(err[rows].mean()), "positives": int(group.sum())}
     return out
 

@@ -29,7 +29,11 @@ from rl_gap.metrics.tail_bayes import (
 from rl_gap.metrics.tail_bias import posterior_mode, simulate_top_scores
 from rl_gap.metrics.tail_gpd import gpd_survival
 from rl_gap.metrics.tail_hardness import TailFit, sample_counts, tail_hardness
-from rl_gap.metrics.tail_rank import expected_precision, expected_precision_terms
+from rl_gap.metrics.tail_rank import (
+    ap_from_precision_terms,
+    expected_precision,
+    expected_precision_terms,
+)
 
 
 def _positive_terms(
@@ -181,6 +185,4 @@ def tail_expected_ap(
     ap_terms, hardness = tail_precision_terms(
         pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, config
     )
-    norm = valid.sum(1).to(torch.float64).clamp(max=float(k))
-    ap = ap_terms.sum(1) / norm.clamp_min(1.0)
-    return torch.where(norm > 0, ap, torch.full_like(ap, math.nan)), hardness
+    return ap_from_precision_terms(ap_terms, valid, k), hardness

@@ -55,9 +55,17 @@ def sort_positives(pos_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return sorted_scores, valid, torch.where(valid, j, torch.zeros_like(j))
 
 
-def _normaliser(valid: torch.Tensor, k: int) -> torch.Tensor:
-    m = valid.sum(1).to(torch.float64)
-    return torch.clamp(m, max=float(k))
+def ap_from_precision_terms(terms: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-query AP@k = Σ_j (precision term of positive j) / min(k, m); NaN when m = 0.
+
+    Args:
+        terms: (Q, m) per-positive (expected) precision terms, 0 at padding.
+        valid: (Q, m) bool mask of real positives.
+        k: cut-off.
+    """
+    norm = valid.sum(1).to(torch.float64).clamp(max=float(k))
+    out = terms.sum(1) / norm.clamp_min(1.0)
+    return torch.where(norm > 0, out, torch.full_like(out, torch.nan))
 
 
 def ap_at_k_from_counts(
@@ -79,9 +87,7 @@ def ap_at_k_from_counts(
     # Relative slack so that N·(K/N) rounding to K + 1 ulp still counts as rank K.
     inside = valid & (rank <= k * (1.0 + 1e-12))
     prec = torch.where(inside, j / rank.clamp_min(1.0), torch.zeros_like(rank))
-    norm = _normaliser(valid, k)
-    out = prec.sum(1) / norm.clamp_min(1.0)
-    return torch.where(norm > 0, out, torch.full_like(out, torch.nan))
+    return ap_from_precision_terms(prec, valid, k)
 
 
 def expected_precision_terms(
@@ -165,10 +171,8 @@ def expected_ap_at_k(
     Returns:
         (Q,) float64; NaN for rows with no positive.
     """
-    total = expected_precision_terms(j, valid, hardness, gallery_size, k, law, max_elements).sum(1)
-    norm = _normaliser(valid, k)
-    out = total / norm.clamp_min(1.0)
-    return torch.where(norm > 0, out, torch.full_like(out, torch.nan))
+    terms = expected_precision_terms(j, valid, hardness, gallery_size, k, law, max_elements)
+    return ap_from_precision_terms(terms, valid, k)
 
 
 def ap_at_k_from_hardness(
