@@ -20,6 +20,12 @@ their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error.
 resamples the distractor sample once for all queries (the sample is keyed by
 pool position) and reports how many cells it covers.
 
+``--resamples R`` draws R independent hashed samples of each pool (the same
+pool and truth; only the sampler's hash seed differs) and prints, per
+estimator × world, the bias (mean error) and the sample-noise sd (spread over
+the samples): which part of an error is bias, and the noise floor of mean
+|err| that no estimator fed one sample can go below.
+
 1000 queries by default (about the size of ILIAS or INSTRE): at 200 the
 distractor sample alone moves the prediction by 0.007–0.016. ``--cache``
 keeps the streamed states (~200 MB per world with the keys) so that later runs with the same
@@ -51,58 +57,74 @@ from rl_gap.metrics.tail_simulate import WORLDS, World
 ORDER = ("sample", "single_x", "powerlaw", "loguniform", "count", "evt", "tail/plugin", "tail")
 
 
-def stream_world(world: World, pool: int, rate: float, k: int, block: int, seed: int):
-    """Stream ``pool`` distractors: (full top-k state, hashed-sample nested top-T state, seconds)."""
+def sample_seed(seed: int, resample: int) -> int:
+    """Hash seed of the ``resample``-th independent sample of the pool of ``seed`` (0: ``seed``)."""
+    return seed if resample == 0 else 100003 * resample + seed
+
+
+def stream_world(
+    world: World, pool: int, rate: float, k: int, block: int, seed: int, resamples: int = 1
+):
+    """Stream ``pool`` distractors once: (full top-k state, [nested top-T state of each of
+    ``resamples`` independent hashed samples], seconds)."""
     Q = world.queries.shape[0]
     full = NestedTopK(Q, k, (1.0,))
     # Keyed by pool position: the nested bootstrap resamples distractors jointly across queries.
-    sample = NestedTopK(Q, max(4000, k), DEFAULT_FRACTIONS, keyed=True)
+    samples = [NestedTopK(Q, max(4000, k), DEFAULT_FRACTIONS, keyed=True) for _ in range(resamples)]
     g = torch.Generator().manual_seed(seed * 104729 + 17)
     t0 = time.perf_counter()
     for start in range(0, pool, block):
         n = min(block, pool - start)
         x = world.distractors(n, g)
-        u = hash_uniform(np.arange(start, start + n), seed=seed)
-        keep = torch.from_numpy(u < rate)
-        # Nested sub-sample parts from the same hash: u/rate is uniform in [0, 1) inside the sample.
-        part = part_of(torch.from_numpy(u / rate)[keep], DEFAULT_FRACTIONS)
         scores = world.queries @ x.T
         full.push(scores, 0)
-        sample.push(scores[:, keep], part, torch.arange(start, start + n)[keep])
-    return full, sample, time.perf_counter() - t0
+        for r, sample in enumerate(samples):
+            u = hash_uniform(np.arange(start, start + n), seed=sample_seed(seed, r))
+            keep = torch.from_numpy(u < rate)
+            # Nested sub-sample parts from the same hash: u/rate is uniform in [0, 1) inside the sample.
+            part = part_of(torch.from_numpy(u / rate)[keep], DEFAULT_FRACTIONS)
+            sample.push(scores[:, keep], part, torch.arange(start, start + n)[keep])
+    return full, samples, time.perf_counter() - t0
+
+
+def _state_names(resamples: int) -> list[str]:
+    return ["full", "sample"] + [f"sample{r}" for r in range(1, resamples)]
 
 
 def cached_stream(world: World, args: argparse.Namespace):
     """``stream_world``, or its states saved by an earlier run with the same settings."""
+    stream = (args.pool, args.rate, args.k, args.block, args.seed, args.resamples)
     if not args.cache:
-        return stream_world(world, args.pool, args.rate, args.k, args.block, args.seed)
+        return stream_world(world, *stream)
     key = f"{world.name}-q{args.queries}-m{args.max_pos}-n{args.pool}-r{args.rate}-k{args.k}-s{args.seed}"
     path = os.path.join(args.cache, key + ".pt")
     saved = torch.load(path) if os.path.exists(path) else None
-    if saved is not None and "sample_keys" in saved:  # states saved before keys are re-streamed
+    names = _state_names(args.resamples)
+    # States saved before keys, or with fewer resamples, are streamed again.
+    if saved is not None and all(f"{n}_keys" in saved for n in names):
         states = [
             NestedTopK.from_tensors(
                 saved[f"{n}_top"], saved[f"{n}_seen"], saved[f"{n}_fractions"], saved[f"{n}_keys"]
             )
-            for n in ("full", "sample")
+            for n in names
         ]
-        return states[0], states[1], saved["seconds"]
-    full, sample, seconds = stream_world(world, args.pool, args.rate, args.k, args.block, args.seed)
+        return states[0], states[1:], saved["seconds"]
+    full, samples, seconds = stream_world(world, *stream)
     os.makedirs(args.cache, exist_ok=True)
     saved = {"seconds": seconds}
-    for n, state in (("full", full), ("sample", sample)):
+    for n, state in zip(names, [full, *samples]):
         saved.update({f"{n}_top": state.top, f"{n}_seen": state.seen, f"{n}_keys": state.keys})
         saved[f"{n}_fractions"] = state.fractions
     torch.save(saved, path + ".tmp")
     os.replace(path + ".tmp", path)
-    return full, sample, seconds
+    return full, samples, seconds
 
 
 def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str, ...]) -> dict:
-    full, sample, stream_s = cached_stream(world, args)
+    full, samples, stream_s = cached_stream(world, args)
     truth_pred = TailPredictor(world.pos_scores, full, args.k)
     truth = truth_pred.estimate("sample", args.pool, n_boot=10).map
-    pred = TailPredictor(world.pos_scores, sample, args.k, seed=args.seed)
+    pred, *others = [TailPredictor(world.pos_scores, s, args.k, seed=args.seed) for s in samples]
     row = {"world": world.name, "truth": truth, "sample_size": pred.sample_size, "N": args.pool}
     row["stream_seconds"] = stream_s
     for name in estimators:
@@ -128,6 +150,12 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
             row[name]["by_count"] = error_by_sampled_count(
                 pred, truth_pred, estimator, law or None, args.pool
             )
+        if others:  # the same estimator on independent samples of the same pool
+            row[name]["resample_errs"] = [row[name]["err"]] + [
+                p.estimate(estimator, args.pool, rank_law=law or None, n_boot=args.n_boot).map
+                - truth
+                for p in others
+            ]
     return row
 
 
@@ -230,6 +258,43 @@ def print_summary(rows: list[dict], estimators: tuple[str, ...], seeds: list[int
         )
 
 
+def bias_and_noise(rows: list[dict], name: str, world: str) -> tuple[float, float, float]:
+    """(bias, noise sd, mean |err|) of an estimator on a world, over every seed's resamples.
+
+    The bias is the mean error over all (seed, resample) cells; the noise sd is
+    the spread over independent samples of one pool (the within-seed variance,
+    pooled over seeds), which no estimator fed that sample can see.
+    """
+    errs = [np.asarray(r[name]["resample_errs"]) for r in rows if r["world"] == world]
+    pooled_var = np.mean([e.var(ddof=1) for e in errs])
+    every = np.concatenate(errs)
+    return float(every.mean()), float(np.sqrt(pooled_var)), float(np.abs(every).mean())
+
+
+def print_bias_and_noise(rows: list[dict], estimators: tuple[str, ...], args) -> None:
+    """Per estimator × world: bias and sample-noise sd over ``--resamples`` samples per pool."""
+    worlds = list(dict.fromkeys(r["world"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+    print(
+        f"\nbias / noise sd over {args.resamples} independent {args.rate:.0%} samples of each pool "
+        f"(seeds {', '.join(map(str, seeds))}); E|err| = mean |err| over every sample; "
+        "floor = mean over worlds of E|err| of an unbiased normal estimator with that noise "
+        "(sd·sqrt(2/π))"
+    )
+    print(
+        f"{'estimator':<12}"
+        + "".join(f"{w:>16}" for w in worlds)
+        + f"{'E|err|':>9}{'|bias|':>9}{'floor':>9}"
+    )
+    for name in estimators:
+        stats = [bias_and_noise(rows, name, w) for w in worlds]
+        cells = "".join(f"{b:>+9.4f}/{sd:.4f}" for b, sd, _ in stats)
+        mean_abs = np.mean([m for _, _, m in stats])
+        mean_bias = np.mean([abs(b) for b, _, _ in stats])
+        floor = np.mean([sd * np.sqrt(2 / np.pi) for _, sd, _ in stats])
+        print(f"{name:<12}{cells}{mean_abs:>9.4f}{mean_bias:>9.4f}{floor:>9.4f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", default=",".join(WORLDS), help="comma-separated subset of worlds")
@@ -250,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="replicates of the joint queries × distractors bootstrap for count/evt/tail (0 = off)",
+    )
+    p.add_argument(
+        "--resamples",
+        type=int,
+        default=1,
+        help="independent hashed samples of each pool (R > 1 prints every estimator's bias and "
+        "sample-noise sd over them)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -274,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [e for e in estimators if e.partition("/")[0] not in ESTIMATORS]
     if unknown:
         raise SystemExit(f"unknown estimators {unknown}; known: {', '.join(ESTIMATORS)}")
+    if args.resamples < 1:
+        raise SystemExit(f"--resamples must be >= 1, got {args.resamples}")
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     all_rows = []
     for seed in seeds:
@@ -287,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = "  ".join(f"{e} {row[e]['err']:+.4f}" for e in estimators)
             print(f"{name:>16}: truth {row['truth']:.4f}  {summary}", flush=True)
             for e in estimators:
+                if "resample_errs" in row[e]:
+                    errs = " ".join(f"{x:+.4f}" for x in row[e]["resample_errs"])
+                    print(f"{'':>18}{e} error on each independent sample: {errs}", flush=True)
                 if "by_count" in row[e]:
                     split = "  ".join(
                         f"{g} {v['err']:+.4f} ({v['positives']})"
@@ -297,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         all_rows.extend(rows)
     if len(seeds) > 1:
         print_summary(all_rows, estimators, seeds)
+    if args.resamples > 1:
+        print_bias_and_noise(all_rows, estimators, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": all_rows, "args": vars(args)}, f, indent=2)

@@ -9,6 +9,11 @@ their defining rates at any number of queries.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -72,18 +77,19 @@ def test_near_duplicate_copies_per_query_do_not_depend_on_the_number_of_queries(
         assert 2.5 < counts[0] - counts[1] < 8.0
 
 
-def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(tmp_path):
-    """scripts/validate_tail.py on a small pool: the per-group errors add up to each
-    estimator's error (against the pool's exact mAP@k), the summary covers every
-    (world, seed), and a second run reads the cached pool instead of streaming it."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
+def _validate_script():
     path = Path(__file__).resolve().parents[1] / "scripts" / "validate_tail.py"
     spec = importlib.util.spec_from_file_location("validate_tail", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(tmp_path):
+    """scripts/validate_tail.py on a small pool: the per-group errors add up to each
+    estimator's error (against the pool's exact mAP@k), the summary covers every
+    (world, seed), and a second run reads the cached pool instead of streaming it."""
+    script = _validate_script()
     argv = [
         "--worlds", "isotropic,student_t", "--pool", "40000", "--rate", "0.1",
         "--queries", "30", "--k", "50", "--n-boot", "20", "--seeds", "0,1",
@@ -107,3 +113,54 @@ def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(
     assert len(list((tmp_path / "cache").glob("*.pt"))) == 4
     script.stream_world = None  # a second run must not stream again
     assert script.main(argv) == 0
+
+
+def _brute_force_map_at_k(pos_scores: torch.Tensor, scores: torch.Tensor, k: int) -> float:
+    """mAP@k in float64 against the distractor scores (Q, n): rank of the j-th best
+    positive = j + the distractors scoring at least as high."""
+    pos, dis = pos_scores.numpy(), scores.double().numpy()
+    aps = []
+    for q in range(pos.shape[0]):
+        p = np.sort(pos[q][~np.isnan(pos[q])])[::-1]
+        ranks = np.arange(1, p.size + 1) + (dis[q][None, :] >= p[:, None]).sum(1)
+        hits = ranks <= k
+        aps.append((np.arange(1, p.size + 1)[hits] / ranks[hits]).sum() / min(k, p.size))
+    return float(np.mean(aps))
+
+
+def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tmp_path):
+    """--resamples: sample r is the pool's distractors whose hash (seed 0, then
+    100003·r) falls below the rate, and the bias / noise sd are the mean / sd of the
+    errors; checked by replaying the pool and computing every mAP@k by brute force."""
+    from rl_gap.metrics.tail_sampling import hash_uniform
+
+    script = _validate_script()
+    pool, rate, k, block, n_queries = 12_000, 0.1, 30, 5000, 20
+    argv = [
+        "--worlds", "isotropic", "--pool", str(pool), "--rate", str(rate), "--block", str(block),
+        "--queries", str(n_queries), "--k", str(k), "--n-boot", "10", "--seed", "0",
+        "--estimators", "sample", "--resamples", "3", "--json", str(tmp_path / "out.json"),
+    ]  # fmt: skip
+    assert script.main(argv) == 0
+    row = json.loads((tmp_path / "out.json").read_text())["rows"][0]
+
+    world = World("isotropic", n_queries, 6, 0)
+    g = torch.Generator().manual_seed(17)  # the pool of seed 0
+    scores = torch.cat(
+        [
+            world.queries @ world.distractors(min(block, pool - s), g).T
+            for s in range(0, pool, block)
+        ],
+        dim=1,
+    )
+    truth = _brute_force_map_at_k(world.pos_scores, scores, k)
+    assert row["truth"] == pytest.approx(truth, abs=1e-12)
+    errs = []
+    for hash_seed in (0, 100003, 200006):
+        keep = torch.from_numpy(hash_uniform(np.arange(pool), seed=hash_seed) < rate)
+        errs.append(_brute_force_map_at_k(world.pos_scores, scores[:, keep], k) - truth)
+    assert len({round(e, 9) for e in errs}) == 3  # three different samples
+    assert row["sample"]["resample_errs"] == pytest.approx(errs, abs=1e-12)
+    bias, sd, mean_abs = script.bias_and_noise([row | {"seed": 0}], "sample", "isotropic")
+    assert bias == pytest.approx(np.mean(errs)) and sd == pytest.approx(np.std(errs, ddof=1))
+    assert mean_abs == pytest.approx(np.mean(np.abs(errs)))
