@@ -161,6 +161,10 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
         errs.append(_brute_force_map_at_k(world.pos_scores, scores[:, keep], k) - truth)
     assert len({round(e, 9) for e in errs}) == 3  # three different samples
     assert row["sample"]["resample_errs"] == pytest.approx(errs, abs=1e-12)
-    bias, sd, mean_abs = script.bias_and_noise([row | {"seed": 0}], "sample", "isotropic")
-    assert bias == pytest.approx(np.mean(errs)) and sd == pytest.approx(np.std(errs, ddof=1))
-    assert mean_abs == pytest.approx(np.mean(np.abs(errs)))
+    stats = script.bias_and_noise([row], "sample", "isotropic")
+    assert stats["bias"] == pytest.approx(np.mean(errs))
+    assert stats["sd"] == pytest.approx(np.std(errs, ddof=1))
+    assert stats["mean_abs"] == pytest.approx(np.mean(np.abs(errs)))
+    assert stats["held_out"] == pytest.approx(np.mean(np.abs(errs[1:])))
+    # The sample's own AP@k has no sampling interval around the pool's: never covered.
+    assert row["sample"]["resample_covered"] == [False] * 3 and stats["cells"] == 3
