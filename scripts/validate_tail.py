@@ -151,12 +151,24 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
                 pred, truth_pred, estimator, law or None, args.pool
             )
         if others:  # the same estimator on independent samples of the same pool
-            errs, covered = [row[name]["err"]], [row[name]["covered"]]
+            cell = row[name]
+            errs, covered = [cell["err"]], [cell["covered"]]
+            joint = [cell["nested_covered"]] if "nested_covered" in cell else None
             for p in others:
-                est = p.estimate(estimator, args.pool, rank_law=law or None, n_boot=args.n_boot)
+                est = p.estimate(
+                    estimator,
+                    args.pool,
+                    rank_law=law or None,
+                    n_boot=args.n_boot,
+                    nested_boot=nested,
+                )
                 errs.append(est.map - truth)
                 covered.append(bool(est.ci[0] <= truth <= est.ci[1]))
-            row[name]["resample_errs"], row[name]["resample_covered"] = errs, covered
+                if joint is not None:
+                    joint.append(bool(est.nested_ci[0] <= truth <= est.nested_ci[1]))
+            cell["resample_errs"], cell["resample_covered"] = errs, covered
+            if joint is not None:
+                cell["resample_nested_covered"] = joint
     return row
 
 
@@ -267,7 +279,8 @@ def bias_and_noise(rows: list[dict], name: str, world: str) -> dict:
     seeds), which no estimator fed that sample can see; ``mean_abs``: mean
     |err|; ``held_out``: mean |err| over samples 1.. only (sample 0 is the one
     the default table reports, the one estimators were chosen on);
-    ``covered``: cells whose 95% query-bootstrap interval holds the truth.
+    ``covered``: cells whose 95% query-bootstrap interval holds the truth;
+    ``joint``: per seed, the samples whose joint interval holds it (``--nested-boot``).
     """
     cells = [r[name] for r in rows if r["world"] == world]
     errs = [np.asarray(c["resample_errs"]) for c in cells]
@@ -278,6 +291,9 @@ def bias_and_noise(rows: list[dict], name: str, world: str) -> dict:
         "mean_abs": float(np.abs(every).mean()),
         "held_out": float(np.abs(np.concatenate([e[1:] for e in errs])).mean()),
         "covered": sum(sum(c.get("resample_covered", [])) for c in cells),
+        "joint": [
+            sum(c["resample_nested_covered"]) for c in cells if "resample_nested_covered" in c
+        ],
         "cells": every.size,
     }
 
@@ -291,12 +307,13 @@ def print_bias_and_noise(rows: list[dict], estimators: tuple[str, ...], args) ->
         f"(seeds {', '.join(map(str, seeds))}). E|err|: mean |err| over every sample; held-out: "
         "over samples 1.. only (not sample 0, which the tables above use); floor: mean over "
         "worlds of E|err| of an unbiased normal estimator with that noise (sd·sqrt(2/π)); "
-        "covered: cells whose 95% query-bootstrap interval holds the truth"
+        "covered: cells whose 95% query-bootstrap interval holds the truth; joint: the same for "
+        "the joint interval (--nested-boot)"
     )
     print(
         f"{'estimator':<12}"
         + "".join(f"{w:>16}" for w in worlds)
-        + f"{'E|err|':>9}{'held-out':>9}{'|bias|':>9}{'floor':>9}{'covered':>9}"
+        + f"{'E|err|':>9}{'held-out':>9}{'|bias|':>9}{'floor':>9}{'covered':>9}{'joint':>9}"
     )
     for name in estimators:
         stats = [bias_and_noise(rows, name, w) for w in worlds]
@@ -305,10 +322,13 @@ def print_bias_and_noise(rows: list[dict], estimators: tuple[str, ...], args) ->
         held_out = np.mean([s["held_out"] for s in stats])
         mean_bias = np.mean([abs(s["bias"]) for s in stats])
         floor = np.mean([s["sd"] * np.sqrt(2 / np.pi) for s in stats])
-        covered = f"{sum(s['covered'] for s in stats)}/{sum(s['cells'] for s in stats)}"
+        n_cells = sum(s["cells"] for s in stats)
+        covered = f"{sum(s['covered'] for s in stats)}/{n_cells}"
+        joint = [n for s in stats for n in s["joint"]]
+        joint = f"{sum(joint)}/{n_cells}" if len(joint) == len(rows) else "-"
         print(
             f"{name:<12}{cells}{mean_abs:>9.4f}{held_out:>9.4f}{mean_bias:>9.4f}{floor:>9.4f}"
-            f"{covered:>9}"
+            f"{covered:>9}{joint:>9}"
         )
 
 

@@ -139,7 +139,8 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     argv = [
         "--worlds", "isotropic", "--pool", str(pool), "--rate", str(rate), "--block", str(block),
         "--queries", str(n_queries), "--k", str(k), "--n-boot", "10", "--seed", "0",
-        "--estimators", "sample", "--resamples", "3", "--json", str(tmp_path / "out.json"),
+        "--estimators", "sample,count", "--resamples", "3", "--nested-boot", "2",
+        "--json", str(tmp_path / "out.json"),
     ]  # fmt: skip
     assert script.main(argv) == 0
     row = json.loads((tmp_path / "out.json").read_text())["rows"][0]
@@ -168,3 +169,8 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     assert stats["held_out"] == pytest.approx(np.mean(np.abs(errs[1:])))
     covered = row["sample"]["resample_covered"]
     assert len(covered) == 3 and stats["covered"] == sum(covered) and stats["cells"] == 3
+    # The joint interval (count has one) is computed on every sample, not only sample 0.
+    assert (
+        len(row["count"]["resample_nested_covered"]) == 3
+        and len(row["count"]["resample_errs"]) == 3
+    )
