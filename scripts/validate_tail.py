@@ -24,11 +24,16 @@ pool position) and reports how many cells it covers.
 pool and truth; only the sampler's hash seed differs) and prints, per
 estimator × world, the bias (mean error) and the sample-noise sd (spread over
 the samples): which part of an error is bias, and the noise floor of mean
-|err| that no estimator fed one sample can go below.
+|err| that no estimator fed one sample can go below. Samples 1.. are held out:
+sample 0 is the one the per-seed tables report and estimators were chosen on.
+With ``--nested-boot`` every sample gets the joint interval.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --seeds 0,1 --resamples 4 \
+        --estimators count,evt,loguniform,tail/plugin,tail --cache /tmp/tail
 
 1000 queries by default (about the size of ILIAS or INSTRE): at 200 the
 distractor sample alone moves the prediction by 0.007–0.016. ``--cache``
-keeps the streamed states (~200 MB per world with the keys) so that later runs with the same
+keeps the streamed states (~200 MB per world and sample, with the keys) so that later runs with the same
 settings only re-run the estimators.
 
 Worlds and their parameters are fixed up front (seeded, not tuned to an
