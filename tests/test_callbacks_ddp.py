@@ -60,6 +60,9 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     # a clean evaluation first, then one where rank 0 fails
     for name, poison in (("clean", False), ("poisoned", True)):
         Path(folder, f"{name}{rank}.txt").write_text(_evaluate(rank, world, poison))
+    # Tear down together: a rank destroying the group while the other still talks to it
+    # can abort gloo ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -75,13 +78,23 @@ def _run(tmp_path: Path) -> dict[str, str]:
         start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + 90
-    while not ctx.join(timeout=1):
+    exit_error = None
+    while True:
+        try:
+            if ctx.join(timeout=1):
+                break
+        except mp.ProcessExitedException as error:  # the recorded outcomes decide; keep why
+            exit_error = str(error)
+            break
         if time.monotonic() > deadline:
             for process in ctx.processes:  # a hung rank: stop the workers this test started
                 if process.is_alive():
                     process.terminate()
             break
-    return {p.stem: p.read_text() for p in tmp_path.glob("*.txt")}
+    outcome = {p.stem: p.read_text() for p in tmp_path.glob("*.txt")}
+    if exit_error is not None:
+        outcome["exit"] = exit_error
+    return outcome
 
 
 @pytest.mark.ddp
