@@ -83,6 +83,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 grad /= WORLD
             results[key] = (loss, grads)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch_dist.barrier()  # tear down together (a lone teardown can abort gloo)
     finally:
         torch_dist.destroy_process_group()
 

@@ -107,6 +107,7 @@ def _ddp_worker(rank: int, world: int, port: int, queue) -> None:
         if rank == 0:
             used = torch.cat([torch.arange(96)[r::world][: 48 - r] for r in range(world)])
             queue.put((out, used.tolist()))  # plain data: the worker exits before get()
+        dist.barrier()  # tear down together (a lone teardown can abort gloo)
     finally:
         dist.destroy_process_group()
 

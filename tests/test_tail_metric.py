@@ -103,6 +103,7 @@ def _worker(rank: int, world: int, port: int, out_path: str, keyed: bool = False
             out["sample_noise_sd"] = torch.tensor(est.sample_noise_sd)
         if rank == 0:
             torch.save({k: v for k, v in out.items()}, out_path)
+        dist.barrier()  # tear down together (a lone teardown can abort gloo)
     finally:
         dist.destroy_process_group()
 
