@@ -83,12 +83,13 @@ def stream_world(
         x = world.distractors(n, g)
         scores = world.queries @ x.T
         full.push(scores, 0)
+        ids = np.arange(start, start + n)
         for r, sample in enumerate(samples):
-            u = hash_uniform(np.arange(start, start + n), seed=sample_seed(seed, r))
+            u = hash_uniform(ids, seed=sample_seed(seed, r))
             keep = torch.from_numpy(u < rate)
             # Nested sub-sample parts from the same hash: u/rate is uniform in [0, 1) inside the sample.
             part = part_of(torch.from_numpy(u / rate)[keep], DEFAULT_FRACTIONS)
-            sample.push(scores[:, keep], part, torch.arange(start, start + n)[keep])
+            sample.push(scores[:, keep], part, torch.from_numpy(ids)[keep])
     return full, samples, time.perf_counter() - t0
 
 
@@ -125,6 +126,10 @@ def cached_stream(world: World, args: argparse.Namespace):
     return full, samples, seconds
 
 
+def _covers(ci, truth: float) -> bool:
+    return bool(ci[0] <= truth <= ci[1])
+
+
 def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str, ...]) -> dict:
     full, samples, stream_s = cached_stream(world, args)
     truth_pred = TailPredictor(world.pos_scores, full, args.k)
@@ -134,46 +139,32 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
     row["stream_seconds"] = stream_s
     for name in estimators:
         estimator, _, law = name.partition("/")  # "tail/plugin": an estimator with a given rank law
-        t0 = time.perf_counter()
         nested = args.nested_boot if estimator in JOINT_ESTIMATORS else 0
-        est = pred.estimate(
-            estimator, args.pool, rank_law=law or None, n_boot=args.n_boot, nested_boot=nested
-        )
+        options = {"rank_law": law or None, "n_boot": args.n_boot, "nested_boot": nested}
+        t0 = time.perf_counter()
+        est = pred.estimate(estimator, args.pool, **options)
         seconds = time.perf_counter() - t0
-        row[name] = {
+        row[name] = cell = {
             "map": est.map,
             "ci": list(est.ci),
             "err": est.map - truth,
-            "covered": bool(est.ci[0] <= truth <= est.ci[1]),
+            "covered": _covers(est.ci, truth),
             "seconds": seconds,
         }
         if est.nested_ci is not None:
-            row[name]["nested_ci"] = list(est.nested_ci)
-            row[name]["nested_covered"] = bool(est.nested_ci[0] <= truth <= est.nested_ci[1])
-            row[name]["sample_noise_sd"] = est.sample_noise_sd
+            cell["nested_ci"] = list(est.nested_ci)
+            cell["nested_covered"] = _covers(est.nested_ci, truth)
+            cell["sample_noise_sd"] = est.sample_noise_sd
         if args.by_count and estimator in HARDNESS_ESTIMATORS:
-            row[name]["by_count"] = error_by_sampled_count(
+            cell["by_count"] = error_by_sampled_count(
                 pred, truth_pred, estimator, law or None, args.pool
             )
         if others:  # the same estimator on independent samples of the same pool
-            cell = row[name]
-            errs, covered = [cell["err"]], [cell["covered"]]
-            joint = [cell["nested_covered"]] if "nested_covered" in cell else None
-            for p in others:
-                est = p.estimate(
-                    estimator,
-                    args.pool,
-                    rank_law=law or None,
-                    n_boot=args.n_boot,
-                    nested_boot=nested,
-                )
-                errs.append(est.map - truth)
-                covered.append(bool(est.ci[0] <= truth <= est.ci[1]))
-                if joint is not None:
-                    joint.append(bool(est.nested_ci[0] <= truth <= est.nested_ci[1]))
-            cell["resample_errs"], cell["resample_covered"] = errs, covered
-            if joint is not None:
-                cell["resample_nested_covered"] = joint
+            ests = [est] + [p.estimate(estimator, args.pool, **options) for p in others]
+            cell["resample_errs"] = [e.map - truth for e in ests]
+            cell["resample_covered"] = [_covers(e.ci, truth) for e in ests]
+            if est.nested_ci is not None:
+                cell["resample_nested_covered"] = [_covers(e.nested_ci, truth) for e in ests]
     return row
 
 
