@@ -53,7 +53,6 @@ import torch
 from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
 from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
 from rl_gap.metrics.tail_hardness import sample_counts
-from rl_gap.metrics.tail_predictive import tail_precision_terms
 from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, ap_from_precision_terms
 from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.metrics.tail_simulate import WORLDS, World
@@ -185,16 +184,13 @@ def error_by_sampled_count(
     query masked out, their ranks j kept) and compared with its realized term
     in the pool; the groups' errors add up to the estimator's error.
     """
-    _, counts, post = pred.hardness(estimator)
+    _, counts, _ = pred.hardness(estimator)
     pool_counts, _ = sample_counts(truth.pos_sorted, truth.valid, truth.level(-1)[0])
     j, valid, k = pred.j, pred.valid, pred.k
-    n_sample = pred.sample_size
     rank = j + pool_counts
     realized = torch.where(valid & (rank <= k), j / rank, torch.zeros_like(j))
     if estimator == "tail" and resolve_rank_law(estimator, law) == PREDICTIVE:
-        predicted, _ = tail_precision_terms(
-            pred.pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, pred.bayes
-        )
+        predicted = pred.tail_terms(gallery_size)
     else:
         predicted = torch.zeros_like(realized)
         x, _, _ = pred.hardness(estimator)

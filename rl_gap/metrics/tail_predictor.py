@@ -46,7 +46,7 @@ from rl_gap.metrics.tail_hardness import (
     estimate_hardness,
     sample_counts,
 )
-from rl_gap.metrics.tail_predictive import tail_expected_ap
+from rl_gap.metrics.tail_predictive import tail_expected_ap, tail_precision_terms
 from rl_gap.metrics.tail_rank import (
     ap_at_k_from_counts,
     ap_at_k_from_hardness,
@@ -157,6 +157,15 @@ class TailPredictor:
         if weight is None:
             self._hardness[key] = out
         return out
+
+    def tail_terms(self, gallery_size: int, level: int = -1) -> torch.Tensor:
+        """(Q, m) the ``tail`` estimator's predictive E[precision] of each sorted positive."""
+        counts, post = self._tail_fit(level)
+        _, n = self.level(level)
+        terms, _ = tail_precision_terms(
+            self.pos_sorted, self.valid, self.j, counts, post, n, gallery_size, self.k, self.bayes
+        )
+        return terms
 
     def per_query(
         self,
