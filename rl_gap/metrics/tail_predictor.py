@@ -50,6 +50,7 @@ from rl_gap.metrics.tail_predictive import tail_expected_ap, tail_precision_term
 from rl_gap.metrics.tail_rank import (
     ap_at_k_from_counts,
     ap_at_k_from_hardness,
+    ap_from_precision_terms,
     sort_positives,
 )
 from rl_gap.metrics.tail_sampling import NestedTopK, poisson_multiplicities
@@ -158,12 +159,29 @@ class TailPredictor:
             self._hardness[key] = out
         return out
 
-    def tail_terms(self, gallery_size: int, level: int = -1) -> torch.Tensor:
-        """(Q, m) the ``tail`` estimator's predictive E[precision] of each sorted positive."""
-        counts, post = self._tail_fit(level)
+    def tail_terms(
+        self,
+        gallery_size: int,
+        level: int = -1,
+        weight: torch.Tensor | None = None,
+        bayes: BayesTailConfig | None = None,
+    ) -> torch.Tensor:
+        """(Q, m) the ``tail`` estimator's predictive E[precision] of each sorted positive.
+
+        Its AP@k is :func:`ap_from_precision_terms` of these (``per_query``).
+        """
+        counts, post = self._tail_fit(level, weight)  # the hardness itself is not needed
         _, n = self.level(level)
         terms, _ = tail_precision_terms(
-            self.pos_sorted, self.valid, self.j, counts, post, n, gallery_size, self.k, self.bayes
+            self.pos_sorted,
+            self.valid,
+            self.j,
+            counts,
+            post,
+            n,
+            gallery_size,
+            self.k,
+            bayes or self.bayes,
         )
         return terms
 
@@ -186,19 +204,8 @@ class TailPredictor:
             counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
             ap = ap_at_k_from_counts(self.j, self.valid, counts, self.k)
         elif estimator == "tail" and law == PREDICTIVE:
-            counts, post = self._tail_fit(level, weight)  # the hardness itself is not needed
-            _, n = self.level(level)
-            ap, _ = tail_expected_ap(
-                self.pos_sorted,
-                self.valid,
-                self.j,
-                counts,
-                post,
-                n,
-                gallery_size,
-                self.k,
-                bayes or self.bayes,
-            )
+            terms = self.tail_terms(gallery_size, level, weight, bayes)
+            ap = ap_from_precision_terms(terms, self.valid, self.k)
         elif estimator in HARDNESS_ESTIMATORS:
             x, _, _ = self.hardness(estimator, level, weight)
             ap = ap_at_k_from_hardness(self.j, self.valid, x, gallery_size, self.k, law)
