@@ -15,7 +15,9 @@ the truth, and the estimator's time.
     OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --pool 400000 --worlds mixture
 
 ``--by-count`` splits each hardness estimator's error over the positives by
-their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error.
+their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error. With
+``--resamples`` every sample is split, and the held-out samples' mean per group
+is printed.
 ``--nested-boot B`` adds, for count/evt/tail, the joint interval that also
 resamples the distractor sample once for all queries (the sample is keyed by
 pool position) and reports how many cells it covers.
@@ -154,13 +156,19 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
             cell["nested_ci"] = list(est.nested_ci)
             cell["nested_covered"] = _covers(est.nested_ci, truth)
             cell["sample_noise_sd"] = est.sample_noise_sd
-        if args.by_count and estimator in HARDNESS_ESTIMATORS:
+        split = args.by_count and estimator in HARDNESS_ESTIMATORS
+        if split:
             cell["by_count"] = error_by_sampled_count(
                 pred, truth_pred, estimator, law or None, args.pool
             )
         if others:  # the same estimator on independent samples of the same pool
             ests = [est] + [p.estimate(estimator, args.pool, **options) for p in others]
             cell["resample_errs"] = [e.map - truth for e in ests]
+            if split:
+                cell["resample_by_count"] = [cell["by_count"]] + [
+                    error_by_sampled_count(p, truth_pred, estimator, law or None, args.pool)
+                    for p in others
+                ]
             cell["resample_covered"] = [_covers(e.ci, truth) for e in ests]
             if est.nested_ci is not None:
                 cell["resample_nested_covered"] = [_covers(e.nested_ci, truth) for e in ests]
@@ -324,6 +332,28 @@ def print_bias_and_noise(rows: list[dict], estimators: tuple[str, ...], args) ->
         )
 
 
+def print_held_out_by_count(rows: list[dict], estimators: tuple[str, ...]) -> None:
+    """Per estimator × world: each K_S group's error, averaged over the held-out samples 1.."""
+    worlds = list(dict.fromkeys(r["world"] for r in rows))
+    groups = [g for g, _, _ in COUNT_GROUPS]
+    print("\nerror by sampled count K_S, mean over the held-out samples (1..) of every seed")
+    print(f"{'estimator':<12}{'group':<9}" + "".join(f"{w:>16}" for w in worlds))
+    for name in estimators:
+        if not any("resample_by_count" in r.get(name, {}) for r in rows):
+            continue
+        for g in groups:
+            means = []
+            for w in worlds:
+                errs = [
+                    parts[g]["err"]
+                    for r in rows
+                    if r["world"] == w and "resample_by_count" in r[name]
+                    for parts in r[name]["resample_by_count"][1:]
+                ]
+                means.append(f"{np.mean(errs):>+16.4f}" if errs else f"{'-':>16}")
+            print(f"{name:<12}{g:<9}" + "".join(means))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", default=",".join(WORLDS), help="comma-separated subset of worlds")
@@ -393,18 +423,24 @@ def main(argv: list[str] | None = None) -> int:
                 if "resample_errs" in row[e]:
                     errs = " ".join(f"{x:+.4f}" for x in row[e]["resample_errs"])
                     print(f"{'':>18}{e} error on each independent sample: {errs}", flush=True)
-                if "by_count" in row[e]:
+                for i, parts in enumerate(
+                    row[e].get("resample_by_count", [row[e].get("by_count")])
+                ):
+                    if parts is None:
+                        continue
                     split = "  ".join(
-                        f"{g} {v['err']:+.4f} ({v['positives']})"
-                        for g, v in row[e]["by_count"].items()
+                        f"{g} {v['err']:+.4f} ({v['positives']})" for g, v in parts.items()
                     )
-                    print(f"{'':>18}{e} error by sampled count: {split}", flush=True)
+                    label = f" (sample {i})" if "resample_by_count" in row[e] else ""
+                    print(f"{'':>18}{e} error by sampled count{label}: {split}", flush=True)
         print_table(rows, estimators, args)
         all_rows.extend(rows)
     if len(seeds) > 1:
         print_summary(all_rows, estimators, seeds)
     if args.resamples > 1:
         print_bias_and_noise(all_rows, estimators, args)
+        if args.by_count:
+            print_held_out_by_count(all_rows, estimators)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": all_rows, "args": vars(args)}, f, indent=2)

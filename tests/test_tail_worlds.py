@@ -128,10 +128,11 @@ def _brute_force_map_at_k(pos_scores: torch.Tensor, scores: torch.Tensor, k: int
     return float(np.mean(aps))
 
 
-def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tmp_path):
+def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tmp_path, capsys):
     """--resamples: sample r is the pool's distractors whose hash (seed 0, then
     100003·r) falls below the rate, and the bias / noise sd are the mean / sd of the
-    errors; checked by replaying the pool and computing every mAP@k by brute force."""
+    errors; checked by replaying the pool and computing every mAP@k by brute force.
+    With --by-count every sample's error is split by K_S (counted by brute force)."""
     from rl_gap.metrics.tail_sampling import hash_uniform
 
     script = _validate_script()
@@ -140,9 +141,10 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
         "--worlds", "isotropic", "--pool", str(pool), "--rate", str(rate), "--block", str(block),
         "--queries", str(n_queries), "--k", str(k), "--n-boot", "10", "--seed", "0",
         "--estimators", "sample,count", "--resamples", "3", "--nested-boot", "2",
-        "--json", str(tmp_path / "out.json"),
+        "--by-count", "--json", str(tmp_path / "out.json"),
     ]  # fmt: skip
     assert script.main(argv) == 0
+    printed = capsys.readouterr().out
     row = json.loads((tmp_path / "out.json").read_text())["rows"][0]
 
     world = World("isotropic", n_queries, 6, 0)
@@ -156,10 +158,20 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     )
     truth = _brute_force_map_at_k(world.pos_scores, scores, k)
     assert row["truth"] == pytest.approx(truth, abs=1e-12)
-    errs = []
+    errs, unreached = [], []
+    valid = ~torch.isnan(world.pos_scores)
     for hash_seed in (0, 100003, 200006):
         keep = torch.from_numpy(hash_uniform(np.arange(pool), seed=hash_seed) < rate)
         errs.append(_brute_force_map_at_k(world.pos_scores, scores[:, keep], k) - truth)
+        above = (scores[:, keep].unsqueeze(1) >= world.pos_scores.unsqueeze(2)).sum(2)
+        unreached.append(int((valid & (above == 0)).sum()))
+    splits = row["count"]["resample_by_count"]
+    assert [sp["K_S=0"]["positives"] for sp in splits] == unreached
+    for sp, err in zip(splits, row["count"]["resample_errs"]):
+        assert sum(v["err"] for v in sp.values()) == pytest.approx(err, abs=1e-9)
+    held_out = np.mean([sp["K_S=0"]["err"] for sp in splits[1:]])
+    line = next(x for x in printed.splitlines() if x.startswith("count") and "K_S=0" in x)
+    assert float(line.split()[-1]) == pytest.approx(held_out, abs=1e-4)
     assert len({round(e, 9) for e in errs}) == 3  # three different samples
     assert row["sample"]["resample_errs"] == pytest.approx(errs, abs=1e-12)
     stats = script.bias_and_noise([row], "sample", "isotropic")
