@@ -93,6 +93,7 @@ class TailPredictor:
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
         self._level_keys: dict[int, torch.Tensor | None] = {}
         self._tail_fits: dict[int, tuple[torch.Tensor, GPDPosterior]] = {}
+        self._tail_terms: dict[tuple[int, int], torch.Tensor] = {}
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
         ] = {}
@@ -169,7 +170,14 @@ class TailPredictor:
         """(Q, m) the ``tail`` estimator's predictive E[precision] of each sorted positive.
 
         Its AP@k is :func:`ap_from_precision_terms` of these (``per_query``).
+        Cached for the predictor's own settings: the bias correction makes a
+        call cost ~7 plain fits, and ``estimate`` and a per-positive split
+        both need it.
         """
+        key = (level % len(self.state.fractions), int(gallery_size))
+        cache = weight is None and bayes is None
+        if cache and key in self._tail_terms:
+            return self._tail_terms[key]
         counts, post = self._tail_fit(level, weight)  # the hardness itself is not needed
         _, n = self.level(level)
         terms, _ = tail_precision_terms(
@@ -183,6 +191,8 @@ class TailPredictor:
             self.k,
             bayes or self.bayes,
         )
+        if cache:
+            self._tail_terms[key] = terms
         return terms
 
     def per_query(
