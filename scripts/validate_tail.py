@@ -18,6 +18,10 @@ the truth, and the estimator's time.
 their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error. With
 ``--resamples`` every sample is split, and the held-out samples' mean per group
 is printed.
+``--half-check`` checks the ``tail`` fit of every sample's nested half against
+the other half, out of sample (``rl_gap.metrics.tail_check``): per band of
+predicted depth, the other half's actual and predicted counts above the
+positives the half does not reach.
 ``--nested-boot B`` adds, for count/evt/tail, the joint interval that also
 resamples the distractor sample once for all queries (the sample is keyed by
 pool position) and reports how many cells it covers.
@@ -53,6 +57,7 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
+from rl_gap.metrics.tail_check import half_sample_check
 from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
 from rl_gap.metrics.tail_hardness import sample_counts
 from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, ap_from_precision_terms
@@ -138,6 +143,8 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
     pred, *others = [TailPredictor(world.pos_scores, s, args.k, seed=args.seed) for s in samples]
     row = {"world": world.name, "truth": truth, "sample_size": pred.sample_size, "N": args.pool}
     row["stream_seconds"] = stream_s
+    if args.half_check:
+        row["half_check"] = [half_sample_check(p).as_dict() for p in (pred, *others)]
     for name in estimators:
         estimator, _, law = name.partition("/")  # "tail/plugin": an estimator with a given rank law
         nested = args.nested_boot if estimator in JOINT_ESTIMATORS else 0
@@ -354,6 +361,18 @@ def print_held_out_by_count(rows: list[dict], estimators: tuple[str, ...]) -> No
             print(f"{name:<12}{g:<9}" + "".join(means))
 
 
+def format_half_check(check: dict) -> str:
+    """Per band of ρ̄: actual / predicted other-half counts (ratio, positives)."""
+    edges = check["edges"]
+    labels = [f"<{edges[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(edges, edges[1:])]
+    labels.append(f">={edges[-1]:g}")
+    parts = []
+    for label, n, pred, act in zip(labels, check["positives"], check["predicted"], check["actual"]):
+        ratio = f"x{act / pred:.2f}" if pred > 0 else "x-"
+        parts.append(f"rho {label}: {act:.0f}/{pred:.1f} {ratio} ({n})")
+    return "  ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", default=",".join(WORLDS), help="comma-separated subset of worlds")
@@ -395,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         help="split each hardness estimator's error by the positives' sampled count K_S",
     )
     p.add_argument(
+        "--half-check",
+        action="store_true",
+        help="check every sample's tail fit on its nested half against the other half",
+    )
+    p.add_argument(
         "--cache",
         default=None,
         help="folder for the streamed states (re-used by later runs with the same settings)",
@@ -419,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             summary = "  ".join(f"{e} {row[e]['err']:+.4f}" for e in estimators)
             print(f"{name:>16}: truth {row['truth']:.4f}  {summary}", flush=True)
+            for i, check in enumerate(row.get("half_check", [])):
+                print(f"{'':>18}half check (sample {i}): {format_half_check(check)}", flush=True)
             for e in estimators:
                 if "resample_errs" in row[e]:
                     errs = " ".join(f"{x:+.4f}" for x in row[e]["resample_errs"])

@@ -132,7 +132,9 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     """--resamples: sample r is the pool's distractors whose hash (seed 0, then
     100003·r) falls below the rate, and the bias / noise sd are the mean / sd of the
     errors; checked by replaying the pool and computing every mAP@k by brute force.
-    With --by-count every sample's error is split by K_S (counted by brute force)."""
+    With --by-count every sample's error is split by K_S (counted by brute force), and
+    --half-check counts, for every sample, the other half's distractors above the
+    positives its nested half (hash below rate/2) does not reach."""
     from rl_gap.metrics.tail_sampling import hash_uniform
 
     script = _validate_script()
@@ -141,7 +143,7 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
         "--worlds", "isotropic", "--pool", str(pool), "--rate", str(rate), "--block", str(block),
         "--queries", str(n_queries), "--k", str(k), "--n-boot", "10", "--seed", "0",
         "--estimators", "sample,count", "--resamples", "3", "--nested-boot", "2",
-        "--by-count", "--json", str(tmp_path / "out.json"),
+        "--by-count", "--half-check", "--json", str(tmp_path / "out.json"),
     ]  # fmt: skip
     assert script.main(argv) == 0
     printed = capsys.readouterr().out
@@ -158,13 +160,24 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     )
     truth = _brute_force_map_at_k(world.pos_scores, scores, k)
     assert row["truth"] == pytest.approx(truth, abs=1e-12)
-    errs, unreached = [], []
+    errs, unreached, half_unreached, other_above = [], [], [], []
     valid = ~torch.isnan(world.pos_scores)
+
+    def above(cols: torch.Tensor) -> torch.Tensor:  # (Q, m) distractors in cols >= each positive
+        return (scores[:, cols].unsqueeze(1) >= world.pos_scores.unsqueeze(2)).sum(2)
+
     for hash_seed in (0, 100003, 200006):
-        keep = torch.from_numpy(hash_uniform(np.arange(pool), seed=hash_seed) < rate)
+        u = torch.from_numpy(hash_uniform(np.arange(pool), seed=hash_seed))
+        keep = u < rate
         errs.append(_brute_force_map_at_k(world.pos_scores, scores[:, keep], k) - truth)
-        above = (scores[:, keep].unsqueeze(1) >= world.pos_scores.unsqueeze(2)).sum(2)
-        unreached.append(int((valid & (above == 0)).sum()))
+        unreached.append(int((valid & (above(keep) == 0)).sum()))
+        past_half = valid & (above(u < rate / 2) == 0)
+        half_unreached.append(int(past_half.sum()))
+        other_above.append(float(above((u >= rate / 2) & keep)[past_half].sum()))
+    checks = row["half_check"]
+    assert [int(sum(c["positives"])) for c in checks] == half_unreached
+    assert [sum(c["actual"]) for c in checks] == other_above
+    assert all(c["other_size"] > 0 and sum(c["predicted"]) > 0 for c in checks)
     splits = row["count"]["resample_by_count"]
     assert [sp["K_S=0"]["positives"] for sp in splits] == unreached
     for sp, err in zip(splits, row["count"]["resample_errs"]):

@@ -36,6 +36,27 @@ from rl_gap.metrics.tail_rank import (
 )
 
 
+def tail_survival(
+    pos_sorted: torch.Tensor, valid: torch.Tensor, post: GPDPosterior, config: BayesTailConfig
+) -> torch.Tensor:
+    """(Q, m, G) P(Y > s_j − u) of each positive on each posterior grid point (1 below u).
+
+    Times the exceedance rate ζ it is the positive's hardness under that grid point.
+    """
+    Q = pos_sorted.shape[0]
+    s = torch.where(
+        valid, pos_sorted.to(torch.float64), torch.zeros_like(pos_sorted, dtype=torch.float64)
+    )
+    y = (s - post.threshold.unsqueeze(1)).clamp_min(0.0)
+    G = post.xi.numel()
+    sigma = torch.where(post.ok.unsqueeze(1), post.sigma, torch.ones_like(post.sigma))
+    if config.integrate_shape:
+        return shape_integrated_survival(
+            y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G), post.n_u.view(Q, 1, 1)
+        )
+    return gpd_survival(y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G))
+
+
 def _positive_terms(
     pos_sorted: torch.Tensor,
     valid: torch.Tensor,
@@ -50,18 +71,7 @@ def _positive_terms(
     """Per-positive E[precision] (Q, m), posterior-mean hardness (Q, m) and the tail mask."""
     Q, m = pos_sorted.shape
     extra = float(gallery_size - n_sample)
-    s = torch.where(
-        valid, pos_sorted.to(torch.float64), torch.zeros_like(pos_sorted, dtype=torch.float64)
-    )
-    y = (s - post.threshold.unsqueeze(1)).clamp_min(0.0)
-    G = post.xi.numel()
-    sigma = torch.where(post.ok.unsqueeze(1), post.sigma, torch.ones_like(post.sigma))
-    if config.integrate_shape:
-        surv = shape_integrated_survival(
-            y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G), post.n_u.view(Q, 1, 1)
-        )
-    else:
-        surv = gpd_survival(y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G))
+    surv = tail_survival(pos_sorted, valid, post, config)
     x_tail = post.zeta.view(Q, 1, 1) * surv  # (Q, m, G)
     use_tail = valid & (counts < config.min_count) & post.ok.unsqueeze(1)
     counted = valid & ~use_tail

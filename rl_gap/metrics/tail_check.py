@@ -1,0 +1,115 @@
+"""An out-of-sample check of the ``tail`` fit: a nested half against the other half.
+
+The nested levels of a sample state are i.i.d. sub-samples, so the half S/2
+and the rest of the sample are independent. Fit the ``tail`` posterior on the
+half; for every positive that no score of the half reaches (a K0 positive of
+the half: the ones whose hardness is pure extrapolation), it predicts how many
+of the other half's S − S/2 scores lie above the positive,
+``(S − S/2)·E[x]``; the sample says how many do. Summed over the positives of
+a band of predicted relative depth ρ̄ = E[x]/ζ (ζ the exceedance rate of the
+threshold; ρ̄ ≈ 0.01 is the half's maximum), actual/predicted above 1 means
+the fitted tail is too light there, below 1 too heavy.
+
+Weighted by positives, as AP weights them. It checks the fit of a sample half
+the size, so on tails whose misfit grows with depth it overstates the misfit
+of the full-sample fit (``docs/tail_extrapolation.md``, ninth session).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl_gap.metrics.tail_bayes import gpd_posterior
+from rl_gap.metrics.tail_hardness import sample_counts
+from rl_gap.metrics.tail_predictive import tail_survival
+
+#: Band edges of the predicted relative depth ρ̄: below 1e-3, 1e-3 to 1e-2, above.
+DEPTH_EDGES = (1e-3, 1e-2)
+
+
+@dataclass(frozen=True)
+class HalfCheck:
+    """Predicted and actual other-part counts above the sub-sample's K0 positives, per band.
+
+    Attributes:
+        edges: band edges of ρ̄ (B − 1 of them).
+        positives: (B,) K0 positives of the sub-sample in each band.
+        predicted: (B,) their predicted counts in the other part, summed.
+        actual: (B,) their actual counts in the other part, summed.
+        other_size: scores in the other part (S minus the sub-sample's size).
+    """
+
+    edges: tuple[float, ...]
+    positives: torch.Tensor
+    predicted: torch.Tensor
+    actual: torch.Tensor
+    other_size: int
+
+    @property
+    def ratio(self) -> torch.Tensor:
+        """(B,) actual / predicted (NaN where nothing was predicted)."""
+        return torch.where(
+            self.predicted > 0,
+            self.actual / self.predicted.clamp_min(1e-300),
+            torch.full_like(self.predicted, float("nan")),
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "edges": list(self.edges),
+            "positives": self.positives.tolist(),
+            "predicted": self.predicted.tolist(),
+            "actual": self.actual.tolist(),
+            "other_size": self.other_size,
+        }
+
+
+def half_sample_check(
+    predictor, level: int = -2, edges: tuple[float, ...] = DEPTH_EDGES
+) -> HalfCheck:
+    """Check the ``tail`` fit of nested level ``level`` against the rest of the sample.
+
+    Args:
+        predictor: a :class:`~rl_gap.metrics.tail_predictor.TailPredictor`
+            (its positives, nested state and ``tail`` settings are used).
+        level: the sub-sample level fitted (default the half, S/2).
+        edges: increasing band edges of the predicted relative depth ρ̄.
+
+    Raises:
+        ValueError: ``level`` is the full sample, or ``edges`` do not increase.
+    """
+    n_levels = len(predictor.state.fractions)
+    if level % n_levels == n_levels - 1:
+        raise ValueError("the check fits a nested sub-sample level, not the full sample")
+    if any(b <= a for a, b in zip(edges[:-1], edges[1:])) or any(e <= 0 for e in edges):
+        raise ValueError(f"edges must be positive and increasing, got {edges}")
+    pos, valid = predictor.pos_sorted, predictor.valid
+    top_sub, n_sub = predictor.level(level)
+    top_all, n_all = predictor.level(-1)
+    counts_sub, _ = sample_counts(pos, valid, top_sub)
+    counts_all, saturated = sample_counts(pos, valid, top_all)
+    post = gpd_posterior(top_sub, n_sub, None, predictor.bayes)
+    checked = valid & (counts_sub == 0) & post.ok.unsqueeze(1)
+    if bool((checked & saturated).any()):
+        raise ValueError("the state keeps too few scores to count the other part above a positive")
+    qi, mi = checked.nonzero(as_tuple=True)
+    # E[x]/ζ: the posterior mean of the exceedance probability relative to the threshold.
+    rho = (tail_survival(pos, valid, post, predictor.bayes)[qi, mi] * post.weight[qi]).sum(1)
+    other = n_all - n_sub
+    predicted = other * post.zeta[qi] * rho
+    actual = counts_all[qi, mi]  # the sub-sample holds none of them: all are the other part's
+    band = torch.bucketize(rho, torch.tensor(edges, dtype=torch.float64), right=True)
+    B = len(edges) + 1
+
+    def per_band(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(B, dtype=torch.float64).index_add_(0, band, values.to(torch.float64))
+
+    return HalfCheck(
+        edges=tuple(float(e) for e in edges),
+        positives=per_band(torch.ones_like(rho)).long(),
+        predicted=per_band(predicted),
+        actual=per_band(actual),
+        other_size=int(other),
+    )
