@@ -135,6 +135,7 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     With --by-count every sample's error is split by K_S (counted by brute force), and
     --half-check counts, for every sample, the other half's distractors above the
     positives its nested half (hash below rate/2) does not reach."""
+    from rl_gap.metrics.tail_report import bias_and_noise
     from rl_gap.metrics.tail_sampling import hash_uniform
 
     script = _validate_script()
@@ -187,7 +188,7 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     assert float(line.split()[-1]) == pytest.approx(held_out, abs=1e-4)
     assert len({round(e, 9) for e in errs}) == 3  # three different samples
     assert row["sample"]["resample_errs"] == pytest.approx(errs, abs=1e-12)
-    stats = script.bias_and_noise([row], "sample", "isotropic")
+    stats = bias_and_noise([row], "sample", "isotropic")
     assert stats["bias"] == pytest.approx(np.mean(errs))
     assert stats["sd"] == pytest.approx(np.std(errs, ddof=1))
     assert stats["mean_abs"] == pytest.approx(np.mean(np.abs(errs)))
