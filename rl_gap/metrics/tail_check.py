@@ -18,12 +18,16 @@ of the full-sample fit (``docs/tail_extrapolation.md``, ninth session).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from rl_gap.metrics.tail_bayes import gpd_posterior
 from rl_gap.metrics.tail_hardness import sample_counts
 from rl_gap.metrics.tail_predictive import tail_survival
+
+if TYPE_CHECKING:  # the predictor module does not import this one; typing only
+    from rl_gap.metrics.tail_predictor import TailPredictor
 
 #: Band edges of the predicted relative depth ρ̄: below 1e-3, 1e-3 to 1e-2, above.
 DEPTH_EDGES = (1e-3, 1e-2)
@@ -67,7 +71,7 @@ class HalfCheck:
 
 
 def half_sample_check(
-    predictor, level: int = -2, edges: tuple[float, ...] = DEPTH_EDGES
+    predictor: TailPredictor, level: int = -2, edges: tuple[float, ...] = DEPTH_EDGES
 ) -> HalfCheck:
     """Check the ``tail`` fit of nested level ``level`` against the rest of the sample.
 
@@ -78,7 +82,8 @@ def half_sample_check(
         edges: increasing band edges of the predicted relative depth ρ̄.
 
     Raises:
-        ValueError: ``level`` is the full sample, or ``edges`` do not increase.
+        ValueError: ``level`` is the full sample, ``edges`` do not increase, or
+            the state keeps too few scores to count the other part above a positive.
     """
     n_levels = len(predictor.state.fractions)
     if level % n_levels == n_levels - 1:
