@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl_gap.metrics.tail_bayes import gpd_posterior
 from rl_gap.metrics.tail_hardness import sample_counts
 from rl_gap.metrics.tail_predictive import tail_survival
 
@@ -91,11 +90,10 @@ def half_sample_check(
     if any(b <= a for a, b in zip(edges[:-1], edges[1:])) or any(e <= 0 for e in edges):
         raise ValueError(f"edges must be positive and increasing, got {edges}")
     pos, valid = predictor.pos_sorted, predictor.valid
-    top_sub, n_sub = predictor.level(level)
+    counts_sub, post = predictor.tail_fit(level)
+    _, n_sub = predictor.level(level)
     top_all, n_all = predictor.level(-1)
-    counts_sub, _ = sample_counts(pos, valid, top_sub)
     counts_all, saturated = sample_counts(pos, valid, top_all)
-    post = gpd_posterior(top_sub, n_sub, None, predictor.bayes)
     checked = valid & (counts_sub == 0) & post.ok.unsqueeze(1)
     if bool((checked & saturated).any()):
         raise ValueError("the state keeps too few scores to count the other part above a positive")

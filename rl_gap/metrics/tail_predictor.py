@@ -120,10 +120,13 @@ class TailPredictor:
         self.level(index)
         return self._level_keys[index % len(self.state.fractions)]
 
-    def _tail_fit(
+    def tail_fit(
         self, level: int = -1, weight: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, GPDPosterior]:
-        """(sampled counts K_S, GPD posterior) of the ``tail`` estimator on a level."""
+        """(sampled counts K_S, GPD posterior) of the ``tail`` estimator on a level.
+
+        Cached per level without bootstrap weights.
+        """
         index = level % len(self.state.fractions)
         if weight is None and index in self._tail_fits:
             return self._tail_fits[index]
@@ -146,7 +149,7 @@ class TailPredictor:
             return self._hardness[key]
         top, n = self.level(level)
         if estimator == "tail":
-            counts, post = self._tail_fit(level, weight)
+            counts, post = self.tail_fit(level, weight)
             # Posterior-mean hardness does not depend on N; any N ≥ n gives it.
             _, x = tail_expected_ap(
                 self.pos_sorted, self.valid, self.j, counts, post, n, n, 1, self.bayes
@@ -178,7 +181,7 @@ class TailPredictor:
         cache = weight is None and bayes is None
         if cache and key in self._tail_terms:
             return self._tail_terms[key]
-        counts, post = self._tail_fit(level, weight)  # the hardness itself is not needed
+        counts, post = self.tail_fit(level, weight)  # the hardness itself is not needed
         _, n = self.level(level)
         terms, _ = tail_precision_terms(
             self.pos_sorted,
