@@ -21,7 +21,9 @@ is printed.
 ``--half-check`` checks the ``tail`` fit of every sample's nested half against
 the other half, out of sample (``rl_gap.metrics.tail_check``): per band of
 predicted depth, the other half's actual and predicted counts above the
-positives the half does not reach.
+positives the half does not reach; and, beside it, the same check at the scale
+the prediction needs, which only a validation can run: the whole sample's fit
+against the rest of the pool.
 ``--nested-boot B`` adds, for count/evt/tail, the joint interval that also
 resamples the distractor sample once for all queries (the sample is keyed by
 pool position) and reports how many cells it covers.
@@ -57,13 +59,13 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
-from rl_gap.metrics.tail_check import half_sample_check
+from rl_gap.metrics.tail_check import out_of_sample_check
 from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
 from rl_gap.metrics.tail_hardness import sample_counts
 from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, ap_from_precision_terms
 from rl_gap.metrics.tail_report import (
     COUNT_GROUPS,
-    format_half_check,
+    format_tail_check,
     print_bias_and_noise,
     print_held_out_by_count,
     print_summary,
@@ -152,7 +154,10 @@ def evaluate_world(world: World, args: argparse.Namespace, estimators: tuple[str
     row = {"world": world.name, "truth": truth, "sample_size": pred.sample_size, "N": args.pool}
     row["stream_seconds"] = stream_s
     if args.half_check:
-        row["half_check"] = [half_sample_check(p).as_dict() for p in (pred, *others)]
+        row["half_check"] = [out_of_sample_check(p).as_dict() for p in (pred, *others)]
+        row["pool_check"] = [
+            out_of_sample_check(p, level=-1, population=full).as_dict() for p in (pred, *others)
+        ]
     for name in estimators:
         estimator, _, law = name.partition("/")  # "tail/plugin": an estimator with a given rank law
         nested = args.nested_boot if estimator in JOINT_ESTIMATORS else 0
@@ -274,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--half-check",
         action="store_true",
-        help="check every sample's tail fit on its nested half against the other half",
+        help="check every sample's tail fit on its nested half against the other half, "
+        "and on the whole sample against the rest of the pool",
     )
     p.add_argument(
         "--cache",
@@ -302,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = "  ".join(f"{e} {row[e]['err']:+.4f}" for e in estimators)
             print(f"{name:>16}: truth {row['truth']:.4f}  {summary}", flush=True)
             for i, check in enumerate(row.get("half_check", [])):
-                print(f"{'':>18}half check (sample {i}): {format_half_check(check)}", flush=True)
+                print(f"{'':>18}half check (sample {i}): {format_tail_check(check)}", flush=True)
+                pool = format_tail_check(row["pool_check"][i])
+                print(f"{'':>18}pool check (sample {i}): {pool}", flush=True)
             for e in estimators:
                 if "resample_errs" in row[e]:
                     errs = " ".join(f"{x:+.4f}" for x in row[e]["resample_errs"])

@@ -134,7 +134,8 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     errors; checked by replaying the pool and computing every mAP@k by brute force.
     With --by-count every sample's error is split by K_S (counted by brute force), and
     --half-check counts, for every sample, the other half's distractors above the
-    positives its nested half (hash below rate/2) does not reach."""
+    positives its nested half (hash below rate/2) does not reach, and the rest of
+    the pool's above the positives the sample does not reach."""
     from rl_gap.metrics.tail_report import bias_and_noise
     from rl_gap.metrics.tail_sampling import hash_uniform
 
@@ -161,7 +162,8 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     )
     truth = _brute_force_map_at_k(world.pos_scores, scores, k)
     assert row["truth"] == pytest.approx(truth, abs=1e-12)
-    errs, unreached, half_unreached, other_above = [], [], [], []
+    errs, unreached, half_unreached, other_above, pool_above = [], [], [], [], []
+    kept = []
     valid = ~torch.isnan(world.pos_scores)
 
     def above(cols: torch.Tensor) -> torch.Tensor:  # (Q, m) distractors in cols >= each positive
@@ -170,8 +172,11 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     for hash_seed in (0, 100003, 200006):
         u = torch.from_numpy(hash_uniform(np.arange(pool), seed=hash_seed))
         keep = u < rate
+        kept.append(keep)
         errs.append(_brute_force_map_at_k(world.pos_scores, scores[:, keep], k) - truth)
-        unreached.append(int((valid & (above(keep) == 0)).sum()))
+        past_sample = valid & (above(keep) == 0)
+        unreached.append(int(past_sample.sum()))
+        pool_above.append(float(above(torch.ones(pool, dtype=torch.bool))[past_sample].sum()))
         past_half = valid & (above(u < rate / 2) == 0)
         half_unreached.append(int(past_half.sum()))
         other_above.append(float(above((u >= rate / 2) & keep)[past_half].sum()))
@@ -179,6 +184,10 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     assert [int(sum(c["positives"])) for c in checks] == half_unreached
     assert [sum(c["actual"]) for c in checks] == other_above
     assert all(c["other_size"] > 0 and sum(c["predicted"]) > 0 for c in checks)
+    checks = row["pool_check"]
+    assert [int(sum(c["positives"])) for c in checks] == unreached
+    assert [sum(c["actual"]) for c in checks] == pool_above
+    assert [c["other_size"] for c in checks] == [pool - int(keep.sum()) for keep in kept]
     splits = row["count"]["resample_by_count"]
     assert [sp["K_S=0"]["positives"] for sp in splits] == unreached
     for sp, err in zip(splits, row["count"]["resample_errs"]):

@@ -3,8 +3,8 @@
 A row is one (world, seed): the truth, and per estimator a cell with its error,
 interval, coverage and time; with ``--resamples`` the errors on every
 independent sample (``resample_errs``), with ``--by-count`` the error split by
-sampled count, with ``--half-check`` the out-of-sample check of each sample
-(``tail_check``).
+sampled count, with ``--half-check`` the out-of-sample checks of each sample, half against
+half and sample against pool (``tail_check``).
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def print_held_out_by_count(rows: list[dict], estimators: tuple[str, ...]) -> No
             print(f"{name:<12}{g:<9}" + "".join(means))
 
 
-def format_half_check(check: dict) -> str:
-    """Per band of ρ̄: actual / predicted other-half counts (ratio, positives)."""
+def format_tail_check(check: dict) -> str:
+    """Per band of ρ̄: actual / predicted counts of the part not fitted (ratio, positives)."""
     edges = check["edges"]
     labels = [f"<{edges[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(edges, edges[1:])]
     labels.append(f">={edges[-1]:g}")
