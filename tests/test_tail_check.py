@@ -49,11 +49,15 @@ def exponential_population():
     return predictor, population, pos, sample, extra
 
 
+def _above(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    return (scores.unsqueeze(1) >= pos.unsqueeze(2)).sum(-1).to(torch.float64)
+
+
 def test_half_check_counts_the_other_half_and_predicts_the_half_law(shifted_halves):
     predictor, pos, half, other = shifted_halves
     check = out_of_sample_check(predictor)
-    unreached = (half.unsqueeze(1) >= pos.unsqueeze(2)).sum(-1) == 0  # K0 of the half, (Q, 2)
-    above = (other.unsqueeze(1) >= pos.unsqueeze(2)).sum(-1).to(torch.float64)
+    unreached = _above(half, pos) == 0  # K0 of the half, (Q, 2)
+    above = _above(other, pos)
     assert check.other_size == S - S // 2
     assert int(check.positives.sum()) == int(unreached.sum())
     assert float(check.actual.sum()) == float(above[unreached].sum())
@@ -73,10 +77,6 @@ def test_half_check_rejects_the_full_level_and_bad_edges(shifted_halves):
         out_of_sample_check(predictor, level=-1)
     with pytest.raises(ValueError, match="edges"):
         out_of_sample_check(predictor, edges=(1e-2, 1e-3))
-
-
-def _above(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    return (scores.unsqueeze(1) >= pos.unsqueeze(2)).sum(-1).to(torch.float64)
 
 
 def test_population_check_counts_the_rest_of_the_population(exponential_population):

@@ -44,7 +44,7 @@ class TailCheck:
 
     Attributes:
         edges: band edges of ρ̄ (B − 1 of them).
-        positives: (B,) K0 positives of the sub-sample in each band.
+        positives: (B,) K0 positives of the fitted level in each band.
         predicted: (B,) their predicted counts in the other part, summed.
         actual: (B,) their actual counts in the other part, summed.
         other_size: scores in the other part (S, or the population's N, minus the
