@@ -163,20 +163,21 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     truth = _brute_force_map_at_k(world.pos_scores, scores, k)
     assert row["truth"] == pytest.approx(truth, abs=1e-12)
     errs, unreached, half_unreached, other_above, pool_above = [], [], [], [], []
-    kept = []
+    rest_sizes = []
     valid = ~torch.isnan(world.pos_scores)
 
     def above(cols: torch.Tensor) -> torch.Tensor:  # (Q, m) distractors in cols >= each positive
         return (scores[:, cols].unsqueeze(1) >= world.pos_scores.unsqueeze(2)).sum(2)
 
+    pool_counts = above(torch.ones(pool, dtype=torch.bool))
     for hash_seed in (0, 100003, 200006):
         u = torch.from_numpy(hash_uniform(np.arange(pool), seed=hash_seed))
         keep = u < rate
-        kept.append(keep)
+        rest_sizes.append(pool - int(keep.sum()))
         errs.append(_brute_force_map_at_k(world.pos_scores, scores[:, keep], k) - truth)
         past_sample = valid & (above(keep) == 0)
         unreached.append(int(past_sample.sum()))
-        pool_above.append(float(above(torch.ones(pool, dtype=torch.bool))[past_sample].sum()))
+        pool_above.append(float(pool_counts[past_sample].sum()))
         past_half = valid & (above(u < rate / 2) == 0)
         half_unreached.append(int(past_half.sum()))
         other_above.append(float(above((u >= rate / 2) & keep)[past_half].sum()))
@@ -187,7 +188,7 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     checks = row["pool_check"]
     assert [int(sum(c["positives"])) for c in checks] == unreached
     assert [sum(c["actual"]) for c in checks] == pool_above
-    assert [c["other_size"] for c in checks] == [pool - int(keep.sum()) for keep in kept]
+    assert [c["other_size"] for c in checks] == rest_sizes
     splits = row["count"]["resample_by_count"]
     assert [sp["K_S=0"]["positives"] for sp in splits] == unreached
     for sp, err in zip(splits, row["count"]["resample_errs"]):
