@@ -58,7 +58,28 @@ def get_loss_class(name: str) -> type[nn.Module]:
 
 
 def build_loss(name: str, **kwargs: Any) -> nn.Module:
-    """Instantiate the registered loss ``name`` with ``kwargs``."""
+    """Instantiate the registered loss ``name`` with ``kwargs``.
+
+    Example:
+        One batch of two queries, a positive on the diagonal. Query 1's
+        negative (0.95) outranks its positive (0.8). gSAP ranks the four pairs
+        as one list (0.95-, 0.9+, 0.8+, 0.1-), so at a small temperature its
+        loss is 1 - (1/2 + 2/3)/2; mSAP averages the per-query APs 1 and 1/2,
+        so its loss is 1 - 3/4:
+
+        >>> import torch
+        >>> from rl_gap.losses import build_loss
+        >>> sim = torch.tensor([[0.9, 0.1], [0.95, 0.8]])
+        >>> rel = torch.eye(2, dtype=torch.bool)
+        >>> build_loss("gsap", temperature=0.001)(sim, rel)
+        tensor(0.4167)
+        >>> build_loss("msap", temperature=0.001)(sim, rel)
+        tensor(0.2500)
+        >>> build_loss("no_such_loss")
+        Traceback (most recent call last):
+            ...
+        ValueError: unknown loss 'no_such_loss'...
+    """
     return get_loss_class(name)(**kwargs)
 
 

@@ -58,6 +58,20 @@ class RetrievalMetrics(Metric):
         block_size: GEMM block size of the engine.
 
     ``compute()`` returns a dict of float64 0-d tensors (see ``metrics_from_state``).
+
+    Example:
+        Leave-one-out over four items in two classes, fed in two batches (the
+        same embeddings as ``evaluate_embeddings``' example, so the same
+        numbers: gAP 4/6, mAP 3/4, R@1 1/2):
+
+        >>> import torch
+        >>> from rl_gap.metrics import RetrievalMetrics
+        >>> metric = RetrievalMetrics(ks=(1,))
+        >>> metric.update(torch.tensor([[1.0, 0.0], [0.8, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.update(torch.tensor([[0.0, 1.0], [0.6, 0.8]]), torch.tensor([1, 1]))
+        >>> out = metric.compute()
+        >>> {key: round(float(out[key]), 4) for key in ("gap", "map", "r@1")}
+        {'gap': 0.6667, 'map': 0.75, 'r@1': 0.5}
     """
 
     full_state_update = False

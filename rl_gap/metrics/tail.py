@@ -135,6 +135,24 @@ def predict_map(
 
     Returns:
         TailEstimate with ``map``, ``ci``, ``per_query`` and diagnostics.
+
+    Example:
+        One query with two positives (0.95, 0.5) and a sample of S = 10
+        distractors, one of which (0.9) lies between them. The ``count``
+        estimator gives the second positive hardness x = 1/10, so in a
+        gallery of N distractors it sits at rank 2 + N·x: AP@10 is
+        (1 + 2/3)/2 at N = S = 10 and (1 + 2/4)/2 at N = 20:
+
+        >>> import torch
+        >>> from rl_gap.metrics.tail import predict_map
+        >>> pos = torch.tensor([[0.95, 0.5]])
+        >>> sample = torch.tensor([[0.9, 0.4, 0.3, 0.2, 0.1, 0.0, -0.1, -0.2, -0.3, -0.4]])
+        >>> est = predict_map(pos, sample, gallery_size=10, k=10, estimator="count")
+        >>> round(est.map, 4)
+        0.8333
+        >>> est = predict_map(pos, sample, gallery_size=20, k=10, estimator="count")
+        >>> round(est.map, 4), est.sample_size, est.hardness
+        (0.75, 10, tensor([[0.0000, 0.1000]], dtype=torch.float64))
     """
     check_positive_scores(pos_scores)
     if not isinstance(sample_scores, torch.Tensor) or sample_scores.dim() != 2:

@@ -15,7 +15,7 @@ state), the same check runs at the scale that matters: fit the whole sample,
 count the rest of the population, N − S, above its K0 positives. Side by side
 the two show how far what the sample can see (its half against its other
 half) tells what it cannot (the population beyond its maximum):
-``docs/tail_extrapolation.md``, ninth and tenth sessions.
+``docs/tail_extrapolation.md`` ("When to trust a prediction").
 
 Weighted by positives, as AP weights them.
 """

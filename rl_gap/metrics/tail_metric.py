@@ -66,13 +66,26 @@ class TailExtrapolatedMAP(Metric):
             ranks high for many queries moves them all at once). Triples the
             state's memory.
 
-    Example::
+    Example:
+        Register the queries and their positives first (on every rank alike),
+        then stream the distractor sample in chunks (sharded across ranks in
+        DDP). One query q = (1, 0) with positives scoring 0.95 and 0.5 and ten
+        sampled distractors, one of which (0.9) lies between them: with the
+        ``count`` estimator the second positive has hardness 1/10 and sits at
+        rank 2 + 20/10 in a gallery of 20, so mAP@10 = (1 + 2/4)/2
+        (``predict_map``'s example, from embeddings):
 
-        metric = TailExtrapolatedMAP(gallery_size=100_000_000, k=1000)
-        metric.update(queries=q, positives=p, positive_query=owner)  # on every rank
-        for chunk in distractor_loader:                                # sharded
-            metric.update(distractors=encoder(chunk))
-        metric.compute()  # {"map", "ci_low", "ci_high"}
+        >>> import torch
+        >>> from rl_gap.metrics import TailExtrapolatedMAP
+        >>> metric = TailExtrapolatedMAP(gallery_size=20, k=10, estimator="count")
+        >>> metric.update(queries=torch.tensor([[1.0, 0.0]]),
+        ...               positives=torch.tensor([[0.95, 0.0], [0.5, 0.0]]),
+        ...               positive_query=torch.tensor([0, 0]))
+        >>> scores = [0.9, 0.4, 0.3, 0.2, 0.1, 0.0, -0.1, -0.2, -0.3, -0.4]
+        >>> for chunk in torch.tensor([[s, 0.0] for s in scores]).split(4):
+        ...     metric.update(distractors=chunk)
+        >>> {key: round(float(value), 4) for key, value in metric.compute().items()}
+        {'map': 0.75, 'ci_low': 0.75, 'ci_high': 0.75}
     """
 
     is_differentiable = False

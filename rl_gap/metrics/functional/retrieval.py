@@ -39,6 +39,21 @@ def global_ap(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tenso
 
     Rows without positives still add their pairs as negatives. NaN if no
     valid positive exists.
+
+    Example:
+        Query 1's negative (0.95) outranks every positive, so the one global
+        list is 0.95-, 0.9+, 0.8+, 0.1- and gAP = (1/2 + 2/3)/2, as
+        scikit-learn's ``average_precision_score`` gives on the flattened
+        pairs. Masking that negative out (``valid``) leaves a perfect ranking:
+
+        >>> import torch
+        >>> from rl_gap.metrics.functional import global_ap
+        >>> scores = torch.tensor([[0.9, 0.1], [0.95, 0.8]])
+        >>> rel = torch.eye(2, dtype=torch.bool)
+        >>> global_ap(scores, rel)
+        tensor(0.5833)
+        >>> global_ap(scores, rel, valid=torch.tensor([[True, True], [False, True]]))
+        tensor(1.)
     """
     state = state_from_scores(scores, rel, valid)
     return _out(ranking.global_ap_from_state(state), scores)

@@ -247,6 +247,22 @@ def evaluate_embeddings(
     ``score_norm`` default ``ScoreNorm()``, SSCD's beta 1, neighbours 0..2).
     See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
     the engine. Returns Python floats.
+
+    Example:
+        Four items, two classes, each item a query against the other three
+        (``exclude_self``). Items 1 and 3 have a negative above their positive
+        (b.d = 0.96 > a.b = 0.8, c.d = 0.8), so their AP is 1/2 and R@1 is 0;
+        items 0 and 2 rank their positive first: mAP = 3/4, R@1 = 1/2. Over
+        all 12 pairs the two 0.96 negatives come first and the four
+        positives tie at 0.8, so gAP = 4/6:
+
+        >>> import torch
+        >>> from rl_gap.metrics.functional import evaluate_embeddings
+        >>> emb = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]])
+        >>> out = evaluate_embeddings(emb, query_labels=torch.tensor([0, 0, 1, 1]),
+        ...                           exclude_self=True)
+        >>> {key: round(out[key], 4) for key in ("gap", "map", "r@1", "num_positive_pairs")}
+        {'gap': 0.6667, 'map': 0.75, 'r@1': 0.5, 'num_positive_pairs': 4.0}
     """
     ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
     queries_t = as_tensor(queries, "queries")
