@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl_gap.metrics.tail_hardness import sample_counts
-from rl_gap.metrics.tail_predictive import tail_survival
-from rl_gap.metrics.tail_sampling import NestedTopK
+from rl_gap.metrics.tail.hardness import sample_counts
+from rl_gap.metrics.tail.predictive import tail_survival
+from rl_gap.metrics.tail.sampling import NestedTopK
 
 if TYPE_CHECKING:  # the predictor module does not import this one; typing only
-    from rl_gap.metrics.tail_predictor import TailPredictor
+    from rl_gap.metrics.tail.predictor import TailPredictor
 
 #: Band edges of the predicted relative depth ρ̄: below 1e-3, 1e-3 to 1e-2, above.
 DEPTH_EDGES = (1e-3, 1e-2)
@@ -85,7 +85,7 @@ def out_of_sample_check(
     """Check the ``tail`` fit of nested level ``level`` against the scores it did not see.
 
     Args:
-        predictor: a :class:`~rl_gap.metrics.tail_predictor.TailPredictor`
+        predictor: a :class:`~rl_gap.metrics.tail.predictor.TailPredictor`
             (its positives, nested state and ``tail`` settings are used).
         level: the level fitted (default the half, S/2).
         edges: increasing band edges of the predicted relative depth ρ̄.

@@ -4,7 +4,7 @@ A row is one (world, seed): the truth, and per estimator a cell with its error,
 interval, coverage and time; with ``--resamples`` the errors on every
 independent sample (``resample_errs``), with ``--by-count`` the error split by
 sampled count, with ``--half-check`` the out-of-sample checks of each sample, half against
-half and sample against pool (``tail_check``).
+half and sample against pool (``research.tail_check``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from rl_gap.optim import available_optimizers, build_optimizer, param_groups
-from rl_gap.optim_lars import LARS
+from rl_gap.optim import LARS, available_optimizers, build_optimizer, param_groups
 
 
 def test_lars_two_steps_match_hand_computation():

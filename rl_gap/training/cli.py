@@ -8,7 +8,7 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   ``<output_dir>/<recipe folder>/<recipe name>/seed<N>[-<hash>]``
   (``runs/metric_learning/sop_gsap/seed0``), where ``<hash>`` (8 hex digits)
   identifies the command-line overrides that change training
-  (``rl_gap.run_config``), so every override combination and seed has its own
+  (``rl_gap.training.run_config``), so every override combination and seed has its own
   folder and ``--ckpt_path last`` never picks up another configuration's
   checkpoint; ``--run_name NAME`` uses ``<output_dir>/NAME`` instead, and a
   recipe's ``trainer.default_root_dir`` wins over both;
@@ -21,7 +21,7 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   ``--wandb_tags``, ``--wandb_group``; ``--wandb off`` drops it;
 - a rich progress bar, a learning-rate monitor and checkpoints
   (``<run>/checkpoints``, ``last.ckpt`` kept, so ``--ckpt_path last`` resumes);
-- fault tolerance (``rl_gap.callbacks.fault_tolerance``): the checkpoint folder
+- fault tolerance (``rl_gap.training.fault_tolerance``): the checkpoint folder
   is checked writable before the first step, ``last.ckpt`` is written every
   ``--checkpoint_every_n_steps`` steps and on SIGTERM (then the command exits
   with status 143), and resuming a checkpoint of a different configuration is
@@ -55,14 +55,21 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rl_gap.callbacks.fault_tolerance import (
+from rl_gap.modules.base import RankingModule
+from rl_gap.resources import recipe_path
+from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
     RestoreLoaderPosition,
 )
-from rl_gap.modules.base import RankingModule
-from rl_gap.resources import recipe_path
-from rl_gap.run_config import (
+from rl_gap.training.loggers import (
+    WandbMode,
+    default_loggers,
+    describe_outputs,
+    resolve_wandb_mode,
+    wandb_run_id,
+)
+from rl_gap.training.run_config import (
     check_config_file,
     config_mismatch,
     flatten_config,
@@ -72,13 +79,6 @@ from rl_gap.run_config import (
     resume_mismatch_message,
     run_folder_name,
     training_config,
-)
-from rl_gap.run_logging import (
-    WandbMode,
-    default_loggers,
-    describe_outputs,
-    resolve_wandb_mode,
-    wandb_run_id,
 )
 
 
@@ -94,7 +94,7 @@ def run_dir_for(
     ``run_name`` gives ``<output_dir>/<run_name>`` instead. ``seed`` is the
     resolved ``seed_everything`` (None: the folder has no seed level, as for
     callers that only need the recipe's folder); ``overrides`` the hash from
-    :func:`rl_gap.run_config.overrides_hash`.
+    :func:`rl_gap.training.run_config.overrides_hash`.
     """
     if run_name:
         return Path(output_dir) / run_name

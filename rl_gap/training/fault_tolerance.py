@@ -15,7 +15,7 @@
   position back (Lightning saves it but does not restore it here); ``rl-gap``
   adds it to every run, a ``Trainer`` built in Python needs it in its callbacks
   for an exact mid-epoch resume;
-- stores the run's training config (``rl_gap.run_config.training_config``) and
+- stores the run's training config (``rl_gap.training.run_config.training_config``) and
   W&B id in every checkpoint and, when fitting, refuses to resume a checkpoint
   whose config differs (naming the keys) unless ``force_resume``.
 
@@ -37,7 +37,7 @@ from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rl_gap.run_config import ResumeMismatchError, config_mismatch, resume_mismatch_message
+from rl_gap.training.run_config import ResumeMismatchError, config_mismatch, resume_mismatch_message
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 

@@ -1,6 +1,6 @@
 """Where a training run's logs go: CSV + W&B loggers, the W&B run id, the end-of-run summary.
 
-Used by :mod:`rl_gap.training_cli`: W&B is *offline* unless ``WANDB_API_KEY``
+Used by :mod:`rl_gap.training.cli`: W&B is *offline* unless ``WANDB_API_KEY``
 is set (it never waits for a network), writes inside the run folder, receives
 the whole resolved config, and keeps one run id per run folder
 (``<run>/wandb_id``) passed with ``resume="allow"`` so a resumed run continues

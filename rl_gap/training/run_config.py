@@ -1,7 +1,7 @@
 """A training run's identity: its resolved config, run folder name and resume checks.
 
-Pure helpers (no Lightning) used by :mod:`rl_gap.training_cli` and
-:mod:`rl_gap.callbacks.fault_tolerance`:
+Pure helpers (no Lightning) used by :mod:`rl_gap.training.cli` and
+:mod:`rl_gap.training.fault_tolerance`:
 
 - :func:`flatten_config` turns a resolved LightningCLI config into ``{dotted.key: value}``
   with plain JSON values (what a checkpoint stores, safe for ``torch.load(weights_only=True)``);

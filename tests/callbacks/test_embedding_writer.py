@@ -17,7 +17,7 @@ from rl_gap.data.glyphs import DEJAVU_DIR
 from rl_gap.data.metric_learning import MNISTDemoDataModule
 from rl_gap.modules import MetricLearningModule
 from rl_gap.resources import recipe_path
-from rl_gap.training_cli import run_lightning_cli
+from rl_gap.training.cli import run_lightning_cli
 
 RECIPE = str(recipe_path("demo/mnist_gsap"))
 SMALL = ["--wandb", "off", "--model.init_args.backbone_kwargs", "{width: 8}",

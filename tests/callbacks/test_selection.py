@@ -15,7 +15,7 @@ from rl_gap.callbacks.selection import guard_model_selection
 from rl_gap.data.metric_learning import MNISTDemoDataModule
 from rl_gap.modules import MetricLearningModule
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TINY = dict(backbone="rl_gap_convnet", backbone_kwargs={"width": 4}, in_chans=1, dim=8)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from rl_gap.cli import main
 from rl_gap.metrics.tail import predict_map
-from rl_gap.metrics.tail_bayes import BayesTailConfig
+from rl_gap.metrics.tail.bayes import BayesTailConfig
 
 
 def write_inputs(tmp_path, Q=10, P=25, S=6000, d=12, seed=0):
@@ -185,7 +185,7 @@ def test_bad_plot_extension_fails_before_work_and_results_survive_a_plot_error(
         main([*base, "--plot", str(tmp_path / "curve.xyz")])
     assert not out.exists()  # refused before any scoring
 
-    import rl_gap.metrics.tail_plot as tail_plot
+    import rl_gap.metrics.tail.plot as tail_plot
 
     def broken(*args, **kwargs):
         raise RuntimeError("renderer failed")

@@ -15,7 +15,7 @@ import yaml
 from rl_gap.cli import main
 from rl_gap.data.mnist import load_mnist_5k
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "demo"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 # 3 training classes after the 30 % hold-out: batches of 3 digits x 20
 TINY = (
     "--trainer.max_epochs 1 --trainer.check_val_every_n_epoch 1 --data.init_args.batches_per_epoch 2"

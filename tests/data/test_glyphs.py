@@ -22,7 +22,7 @@ from rl_gap.data.glyphs import (
     split_characters,
 )
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "demo"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 needs_fonts = pytest.mark.skipif(
     not Path(DEJAVU_DIR, "DejaVuSans.ttf").is_file(),
     reason="DejaVu fonts missing (apt-get install fonts-dejavu-core)",
@@ -114,7 +114,7 @@ def test_demo_recipe_fast_dev_run(loss, tmp_path, monkeypatch):
     """`rl-gap fit --config recipes/demo/glyphs_<loss>.yaml --trainer.fast_dev_run=true`,
     with fewer renderings so the test stays quick."""
     from rl_gap.losses import get_loss_class
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     cli = run_lightning_cli(

@@ -9,7 +9,7 @@ import yaml
 
 from rl_gap.cli import main
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "demo"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "demo"
 TINY = (
     "--trainer.max_epochs 1 --trainer.check_val_every_n_epoch 1 --data.init_args.batches_per_epoch 2"
     " --model.init_args.eval_plots false --trainer.enable_progress_bar false"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = (
     "--trainer.max_epochs 1 --trainer.check_val_every_n_epoch 1 --data.init_args.batches_per_epoch 2"
     " --model.init_args.eval_plots false --trainer.enable_progress_bar false"

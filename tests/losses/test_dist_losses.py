@@ -3,7 +3,7 @@
 Two gloo processes (one ``torch.multiprocessing.spawn``) each encode half of
 a batch (unequal halves, 7 + 9, to cover ragged batches) with the same
 float64 Linear encoder, all-gather the embeddings with gradients
-(``rl_gap.losses.dist``), compute the loss on the global matrix, and average
+(``rl_gap.dist``), compute the loss on the global matrix, and average
 parameter gradients over ranks exactly as DDP does. That must equal one
 process holding the whole batch, for the encoder and the loss's own
 parameters, within 1e-6.
@@ -20,7 +20,8 @@ import torch.distributed as torch_dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from rl_gap.losses import available_losses, build_loss, dist
+from rl_gap import dist
+from rl_gap.losses import available_losses, build_loss
 
 WORLD = 2
 SPLIT = [7, 9]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from surrogate_refs import flat_one_row, make_batch, value_and_grad
-from test_losses_sap import LargestTensor
 
 from rl_gap.losses import build_loss, loss_from_config
+from tests.losses.test_sap import LargestTensor
 
 PER_QUERY = ["softbin", "blackbox", "supap"]
 GLOBAL = ["gsoftbin", "gblackbox", "gsupap"]
@@ -149,12 +149,12 @@ def test_recipe_section_selects_and_configures_the_new_losses():
         loss_from_config({"name": "gsoftbin", "num_bin": 20})
 
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo" / "mnist_gsap.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "mnist_gsap.yaml"
 
 
 def test_recipe_loss_swap_by_one_flag_builds_the_new_losses():
     """``--model.loss.name gsoftbin`` on a recipe: parsed and instantiated, other keys kept."""
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     argv = ["--config", str(RECIPE), "--wandb", "off"]
     with pytest.warns(UserWarning, match=r"does not take \['temperature'\]"):
@@ -170,7 +170,7 @@ def test_recipe_loss_swap_by_one_flag_builds_the_new_losses():
 
 @pytest.mark.parametrize("name", ["gsoftbin", "gblackbox", "gsupap"])
 def test_fast_dev_run_trains_with_the_global_surrogates(name, run_dir):
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # recipe keys a loss does not take

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
+from research.tail_check import out_of_sample_check
 from rl_gap.metrics.tail import state_from_scores
-from rl_gap.metrics.tail_check import out_of_sample_check
-from rl_gap.metrics.tail_predictor import TailPredictor
+from rl_gap.metrics.tail.predictor import TailPredictor
 
 Q, S = 300, 20000
 SHIFT = math.log(2.0)

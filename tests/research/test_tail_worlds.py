@@ -2,7 +2,7 @@
 
 Scores are drawn directly from a distribution (exact GPD, exponential, Weibull);
 positives sit at known depths L = −log x, so the truth E[AP@k] at N follows
-from the Binomial rank law at the true hardness (``tail_rank``), independently
+from the Binomial rank law at the true hardness (``rank_law``), independently
 of any fit. Also: the simulated worlds of ``scripts/validate_tail.py`` keep
 their defining rates at any number of queries.
 """
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+from research.tail_worlds import World
 from rl_gap.metrics.tail import predict_map
-from rl_gap.metrics.tail_bayes import BayesTailConfig
-from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, sort_positives
-from rl_gap.metrics.tail_simulate import World
+from rl_gap.metrics.tail.bayes import BayesTailConfig
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness, sort_positives
 
 #: name → (scores from uniforms u, score at depth L, true survival of a score)
 CLOSED_FORM = {
@@ -78,7 +78,7 @@ def test_near_duplicate_copies_per_query_do_not_depend_on_the_number_of_queries(
 
 
 def _validate_script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "validate_tail.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "validate_tail.py"
     spec = importlib.util.spec_from_file_location("validate_tail", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -136,8 +136,8 @@ def test_validate_script_resamples_are_independent_hashed_samples_of_one_pool(tm
     --half-check counts, for every sample, the other half's distractors above the
     positives its nested half (hash below rate/2) does not reach, and the rest of
     the pool's above the positives the sample does not reach."""
-    from rl_gap.metrics.tail_report import bias_and_noise
-    from rl_gap.metrics.tail_sampling import hash_uniform
+    from research.tail_report import bias_and_noise
+    from rl_gap.metrics.tail.sampling import hash_uniform
 
     script = _validate_script()
     pool, rate, k, block, n_queries = 12_000, 0.1, 30, 5000, 20

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rl_gap.cli import main
-from rl_gap.training_cli import run_lightning_cli
+from rl_gap.training.cli import run_lightning_cli
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "demo" / "mnist_gsap.yaml")
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "demo" / "mnist_gsap.yaml")
 # every command the dispatcher serves, written out (not read from the code under test)
 ALL_COMMANDS = ["fit", "validate", "test", "predict", "evaluate", "extrapolate", "knn",
                 "linear-probe"]  # fmt: skip

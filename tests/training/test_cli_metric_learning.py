@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from rl_gap.losses import get_loss_class
-from rl_gap.training_cli import run_dir_for, run_lightning_cli
+from rl_gap.training.cli import run_dir_for, run_lightning_cli
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 DEMO = {loss: RECIPES / "demo" / f"mnist_{loss}.yaml" for loss in ("gsap", "msap", "infonce")}
 
 

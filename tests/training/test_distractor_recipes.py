@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 from sklearn.metrics import average_precision_score
-from test_distractor_layouts import make_disc21, make_ilias, make_met, make_wildlife
 
-from rl_gap.training_cli import run_lightning_cli
+from rl_gap.training.cli import run_lightning_cli
+from tests.data.test_distractor_layouts import make_disc21, make_ilias, make_met, make_wildlife
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "distractor"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "distractor"
 TINY = [
     "--model.init_args.backbone", "rl_gap_convnet", "--model.init_args.backbone_kwargs",
     "{width: 4}", "--model.init_args.dim", "8", "--model.init_args.weights", "null",

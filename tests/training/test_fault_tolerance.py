@@ -17,10 +17,10 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from rl_gap.run_config import ResumeMismatchError
-from rl_gap.training_cli import run_lightning_cli
+from rl_gap.training.cli import run_lightning_cli
+from rl_gap.training.run_config import ResumeMismatchError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "demo" / "mnist_gsap.yaml"
 EPOCHS, BATCHES = 2, 4  # SIGTERM after step 6 = mid-way through the second epoch
 

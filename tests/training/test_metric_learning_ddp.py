@@ -6,8 +6,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from rl_gap.losses import dist
-from rl_gap.training_cli import run_lightning_cli
+from rl_gap import dist
+from rl_gap.training.cli import run_lightning_cli
 
 
 class CheckGlobalBatch(Callback):

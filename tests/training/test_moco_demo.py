@@ -25,7 +25,7 @@ def test_demo_recipe_fast_dev_run(loss, run_dir):
 
 
 def test_recipe_loss_swap_is_one_flag(run_dir):
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     cli = run_lightning_cli(
         ["--config", "recipes/demo/mnist_moco_infonce.yaml", "--model.loss.name=gsap",
@@ -44,7 +44,7 @@ IN1K = ["in1k_vit_s_infonce", "in1k_vit_s_gsap", "in1k_vit_b_infonce", "in1k_vit
 )
 def test_in1k_recipes_parse_and_build(name, run_dir):
     """Every key of the ImageNet recipes is valid and the module builds (on CPU)."""
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     cli = run_lightning_cli(
         ["--config", f"recipes/moco_v3/{name}.yaml", "--wandb=off", f"--output_dir={run_dir}",

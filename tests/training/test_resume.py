@@ -4,7 +4,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from rl_gap.training_cli import run_lightning_cli
+from rl_gap.training.cli import run_lightning_cli
 
 RECIPE = "recipes/demo/mnist_gsap.yaml"
 

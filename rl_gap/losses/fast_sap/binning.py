@@ -11,7 +11,7 @@ Moments ``sum t^k`` are scatter-added in float64 two at a time (a complex128
 ``scatter_add_`` adds a (t^k, t^(k+1)) pair per item); per-item polynomials are
 read back four float32 coefficients at a time (one complex128 ``take``).
 
-On CPU, ``fast_native`` does each of the two passes in one fused loop
+On CPU, ``native`` does each of the two passes in one fused loop
 (``USE_NATIVE``); the torch code here is the reference and the CUDA path.
 """
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from rl_gap.losses import fast_native
-from rl_gap.losses.fast_grid import GridPlan
+from rl_gap.losses.fast_sap import native as fast_native
+from rl_gap.losses.fast_sap.grid import GridPlan
 
 CHUNK_ELEMENTS = 1 << 18
-# Use the optional one-pass CPU library (``fast_native``) when it applies.
+# Use the optional one-pass CPU library (``native``) when it applies.
 USE_NATIVE = True
 # Devices whose scatter_add_ handles complex128 (two float64 moments per add).
 PAIRED_SCATTER_DEVICES = ("cpu",)

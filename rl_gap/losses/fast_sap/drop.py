@@ -9,7 +9,7 @@ r = k − #{negatives < v}, a negative is dropped iff its score is < v, or = v a
 it is among the first r negatives scoring exactly v in flat order. So only v
 and r are needed:
 
-- CPU, float32/float64 (``fast_native``): a radix select of v over
+- CPU, float32/float64 (``native``): a radix select of v over
   order-preserving integer keys (16 bits per pass, per-thread histograms, two
   passes for float32), then one pass writing the mask; ties at v are resolved
   from positions recorded during that pass.
@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_gap.losses import fast_binning, fast_native
 from rl_gap.losses.common import num_dropped
+from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap import native as fast_native
 
 
 def _torch_drop_mask(

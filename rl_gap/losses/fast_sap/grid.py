@@ -7,7 +7,7 @@ the offsets s − centre are exact, in float32 too).
 
 - Sources (all M items) -> fine moments ``sum_j t_j^k``, k <= N_f (t_j the
   offset from the fine centre in fine units) in O(M) elementwise passes and
-  scatter-adds (``fast_binning``) -> shifted exactly to coarse moments of
+  scatter-adds (``binning``) -> shifted exactly to coarse moments of
   order N (one small matmul, "moment to moment").
 - Coarse grid: with source offset T' and query offset T (coarse units), and
   r = h_c/τ, every kernel is expanded jointly,
@@ -20,7 +20,7 @@ the offsets s − centre are exact, in float32 too).
   reads its *fine* cell's short polynomial (coarse Taylor coefficients
   re-expanded about fine centres, "local to local").
 
-Error bound (relative, per kernel sum; see ``fast_kernels``):
+Error bound (relative, per kernel sum; see ``taylor``):
 ``fine_bound(t_f, N_f) + coarse_bound(r, N) + 4·M·e^(−U)`` with
 t_f = h_f/(2τ) (plus binning rounding) and |T' − T| r <= r <= 1/2.
 """
@@ -33,7 +33,7 @@ from functools import cache, lru_cache
 
 import torch
 
-from rl_gap.losses.fast_kernels import coarse_bound, fine_bound, sigmoid_derivatives
+from rl_gap.losses.fast_sap.taylor import coarse_bound, fine_bound, sigmoid_derivatives
 
 FINE_ORDERS = (3, 4, 5, 6, 7)
 # Fine tables up to this size count as cache-resident when choosing the fine order.

@@ -8,9 +8,9 @@ M items: P × M sigmoids. Here every quantity is a *kernel sum*
     E_w(x) = sum_{i in P} w_i σ'((x − s_i)/τ)     (w = a or b, below)
 
 (the j = i terms σ(0) = 1/2 and σ'(0) = 1/4 are included; see the gradient),
-evaluated with the two-level grid of ``fast_grid`` / ``fast_binning``: a few
+evaluated with the two-level grid of ``grid`` / ``binning``: a few
 O(M) elementwise passes and scatter/gathers (no sort; on CPU one fused pass
-each way in the optional ``fast_native`` library), an O(G log G) FFT
+each way in the optional ``native`` library), an O(G log G) FFT
 correlation on the coarse grid (G ≈ score window / (τ/2^k) cells, at most a
 few 10^4 for cosine scores at τ = 1e-4), O(P) per positive; never O(P × M).
 Memory: O(G) tables plus fixed-size chunk buffers (no M-sized temporaries
@@ -26,7 +26,7 @@ so each item costs one gather and a short Horner.
 
 Accuracy (the ``tolerance`` parameter): the grid is planned so that every
 kernel sum has relative error <= tolerance/2 (Taylor remainders bounded in
-``fast_kernels``, truncation beyond the band by 4·M·e^(−U)); since all
+``taylor``, truncation beyond the band by 4·M·e^(−U)); since all
 weights of R_A, R_P are positive, |ΔSAP| <= tolerance, and every gradient
 term carries the same relative bound (only positives' entries, a difference
 of four terms computed in float64, can lose it through cancellation).
@@ -38,9 +38,11 @@ import math
 
 import torch
 
-from rl_gap.losses import fast_binning, fast_drop, fast_native
-from rl_gap.losses.fast_binning import evaluate_fine, fine_moments
-from rl_gap.losses.fast_grid import (
+from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap import drop as fast_drop
+from rl_gap.losses.fast_sap import native as fast_native
+from rl_gap.losses.fast_sap.binning import evaluate_fine, fine_moments
+from rl_gap.losses.fast_sap.grid import (
     GridPlan,
     PlanError,
     coarse_moments,
@@ -202,7 +204,7 @@ def smoothed_ap_fast(
         neg_drop: α in [0, 1): drop the ``floor(α · N)`` lowest-scoring valid
             negatives first (ties: lower flat index first), the set
             ``rl_gap.losses.common.drop_lowest_negatives`` drops from ``scores[valid]``;
-            found by a threshold (``fast_drop``), not a sort. Dropped items get zero gradient.
+            found by a threshold (``drop``), not a sort. Dropped items get zero gradient.
 
     Raises:
         PlanError (a ValueError): no grid reaches ``tolerance`` (e.g. τ = 1e-6 over

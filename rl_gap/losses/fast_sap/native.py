@@ -1,9 +1,9 @@
 """Optional CPU accelerator for the O(M) passes of the fast smoothed AP (built on first use).
 
-``_native_fast_rank.cpp`` is a plain C-ABI library built on first use and
+``native_fast_rank.cpp`` is a plain C-ABI library built on first use and
 loaded with ctypes (``rl_gap.native_build``). It does the binning + moment
 accumulation (forward) and the binning + per-item polynomial (backward) in
-one pass each, where the torch path (``fast_binning``) needs ~15 chunked
+one pass each, where the torch path (``binning``) needs ~15 chunked
 elementwise passes plus scatters and gathers. Cells and offsets are
 bit-identical to the torch path; moment sums agree to float64 rounding (the
 summation order differs), per-item polynomials to float rounding (torch may fuse a
@@ -59,7 +59,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 _LIBRARY = NativeLibrary(
-    Path(__file__).with_name("_native_fast_rank.cpp"),
+    Path(__file__).with_name("native_fast_rank.cpp"),
     "rl_gap_fast_rank",
     _declare,
     _flags,

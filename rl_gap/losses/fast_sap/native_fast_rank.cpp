@@ -1,7 +1,7 @@
 // Optional CPU accelerator for the O(M) passes of the fast smoothed-AP kernel
-// (rl_gap/losses/fast_binning.py holds the reference torch implementation).
+// (rl_gap/losses/fast_sap/binning.py holds the reference torch implementation).
 //
-// Plain C ABI (no torch headers), loaded with ctypes by rl_gap/losses/fast_native.py.
+// Plain C ABI (no torch headers), loaded with ctypes by rl_gap/losses/fast_sap/native.py.
 // Each function does in ONE pass over the scores what the torch path does in
 // ~15 chunked elementwise passes plus scatters/gathers:
 //

@@ -2,7 +2,7 @@
 
 Every quantity of smoothed AP (ranks R_A, R_P and the gradient's σ' sums) is a
 kernel sum ``sum_j w_j K((s_j − x)/τ)`` with K = σ or σ'. The fast kernel
-(``rl_gap.losses.fast_rank``) replaces the exact source positions by their
+(``rl_gap.losses.fast_sap.kernel``) replaces the exact source positions by their
 offsets from grid-cell centres and Taylor-expands K in those offsets. This
 module supplies
 

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from rl_gap.metrics.tail_rank import ap_at_k_from_counts
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts
 
 CURVE_ESTIMATORS = ("powerlaw", "loguniform")
 

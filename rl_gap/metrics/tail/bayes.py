@@ -1,6 +1,6 @@
 """The ``tail`` estimator's posterior: GPD parameter uncertainty per query.
 
-The ``evt`` estimator (``tail_hardness``) plugs the maximum-likelihood GPD
+The ``evt`` estimator (``hardness``) plugs the maximum-likelihood GPD
 into the hardness of each unseen positive. Two of its errors are systematic:
 
 1. Beyond the fitted endpoint ``u − σ/ξ`` the plug-in hardness is exactly 0
@@ -19,7 +19,7 @@ rank. For a query with S sampled distractors, positive j (K_S of them scoring
   ``(N − S)·K_S/S``;
 - tail positives: ``x(ξ) = ζ·S_GPD(s_j − u; σ̂(ξ), ξ)``, integrated over a
   posterior along the profile likelihood in θ = ξ/σ (θ = −1/endpoint; for
-  each θ the shape is ξ̂(θ), as in ``tail_gpd``), on a grid uniform in ξ̂(θ)
+  each θ the shape is ξ̂(θ), as in ``gpd``), on a grid uniform in ξ̂(θ)
   over [xi_min, xi_max] with a prior on that shape, and over the exceedance rate
   ``ζ ~ Gamma(n_u, S)`` (so ``K' | ξ`` is negative binomial with r = n_u).
   Posterior mass on larger endpoints gives positives beyond the fitted
@@ -28,7 +28,7 @@ rank. For a query with S sampled distractors, positive j (K_S of them scoring
 
 Then ``E[AP@k] = (1/min(k, m)) Σ_j E[ j/(j + K_N) · 1{j + K_N ≤ k} ]``, exact
 by linearity, with the tail positives' terms bias-corrected by a parametric
-bootstrap (``tail_predictive``, ``tail_bias``). The threshold u is the
+bootstrap (``predictive``, ``bias``). The threshold u is the
 (n_u + 1)-th largest sampled score, n_u = ``n_excess``; see
 ``docs/tail_extrapolation.md`` for the measurements behind these choices.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail_hardness import threshold_excesses
+from rl_gap.metrics.tail.hardness import threshold_excesses
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class BayesTailConfig:
             the shape ξ (closed form, :func:`shape_integrated_survival`)
             instead of plugging in ξ̂(θ).
         bias_replicates: simulated samples from the fitted tail for the
-            bootstrap bias correction of the tail positives (``tail_bias``);
+            bootstrap bias correction of the tail positives (``bias``);
             0 turns the correction off.
         bias_seed: seed of those simulations (the prediction is deterministic).
     """

@@ -7,18 +7,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rl_gap.metrics.tail_bayes import GPDPosterior
-from rl_gap.metrics.tail_hardness import TailFit
-from rl_gap.metrics.tail_rank import RANK_LAWS
+from rl_gap.metrics.tail.bayes import GPDPosterior
+from rl_gap.metrics.tail.hardness import TailFit
+from rl_gap.metrics.tail.rank_law import RANK_LAWS
 
 #: ``rank_law=None`` picks the estimator's own: "predictive" for tail, "plugin" otherwise.
 PREDICTIVE = "predictive"
 
 #: Every ``estimator=`` name. ``tail`` (the default) is the tail-aware estimator
-#: with GPD parameter uncertainty and the predictive rank law (tail_bayes);
+#: with GPD parameter uncertainty and the predictive rank law (``bayes``);
 #: ``evt`` the paper's plug-in GPD; ``count`` and ``sample`` its counting and
 #: naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its
-#: homogeneous-hardness and curve-fit baselines (tail_curve).
+#: homogeneous-hardness and curve-fit baselines (``baselines``).
 ESTIMATORS = ("tail", "evt", "count", "sample", "single_x", "powerlaw", "loguniform")
 DEFAULT_ESTIMATOR = "tail"
 #: Estimators built on per-positive hardness (they have ``hardness`` and the budget diagnostic).

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail_gpd import fit_gpd, gpd_survival
+from rl_gap.metrics.tail.gpd import fit_gpd, gpd_survival
 
 
 @dataclass(frozen=True)

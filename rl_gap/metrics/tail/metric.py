@@ -17,10 +17,15 @@ import math
 import torch
 from torchmetrics import Metric
 
-from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, ESTIMATORS, TailEstimate, TailPredictor
-from rl_gap.metrics.tail_estimate import resolve_rank_law
-from rl_gap.metrics.tail_hardness import DEFAULT_CONFIG, TailConfig
-from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
+from rl_gap.metrics.tail.estimate import (
+    DEFAULT_ESTIMATOR,
+    ESTIMATORS,
+    TailEstimate,
+    resolve_rank_law,
+)
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.predictor import TailPredictor
+from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.precision import full_precision_similarity
 
 
@@ -251,7 +256,7 @@ class TailExtrapolatedMAP(Metric):
             keys = torch.as_tensor(ids).long() if self.keyed else None
         else:
             if self._generator is None:
-                from rl_gap.losses.dist import rank
+                from rl_gap.dist import rank
 
                 self._generator = torch.Generator().manual_seed(self.seed * 1009 + rank())
             u = torch.rand(scores.shape[1], generator=self._generator, dtype=torch.float64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rl_gap.metrics.tail import TailPredictor
+from rl_gap.metrics.tail.predictor import TailPredictor
 
 _COLORS = {
     "sample": "tab:gray",

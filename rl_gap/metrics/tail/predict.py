@@ -25,39 +25,16 @@ from __future__ import annotations
 
 import torch
 
-from rl_gap.metrics.tail_bayes import DEFAULT_BAYES, BayesTailConfig
-from rl_gap.metrics.tail_estimate import (  # noqa: F401  (public re-exports)
+from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
+from rl_gap.metrics.tail.estimate import (
     DEFAULT_ESTIMATOR,
-    ESTIMATORS,
-    HARDNESS_ESTIMATORS,
     TailEstimate,
     _check_common,
-    bootstrap_ci,
     check_positive_scores,
 )
-from rl_gap.metrics.tail_hardness import DEFAULT_CONFIG, TailConfig
-from rl_gap.metrics.tail_predictor import TailPredictor
-from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK
-
-__all__ = [
-    "BayesTailConfig",
-    "DEFAULT_ESTIMATOR",
-    "ESTIMATORS",
-    "TailConfig",
-    "TailEstimate",
-    "TailPredictor",
-    "bootstrap_ci",
-    "predict_map",
-]
-
-
-def __getattr__(name: str):
-    # The torchmetrics class lives in tail_metric (it imports this module); lazy re-export.
-    if name == "TailExtrapolatedMAP":
-        from rl_gap.metrics.tail_metric import TailExtrapolatedMAP
-
-        return TailExtrapolatedMAP
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.predictor import TailPredictor
+from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK
 
 
 def state_from_scores(

@@ -1,6 +1,6 @@
 """The ``tail`` estimator's prediction: predictive E[AP@k], bias-corrected.
 
-Given the per-query GPD posterior (``tail_bayes.gpd_posterior``), each
+Given the per-query GPD posterior (``bayes.gpd_posterior``), each
 positive's realized pool count is ``K_N = K_S + K'``:
 
 - counted positives (``K_S ≥ min_count``): ``x | K_S ~ Gamma(K_S, S)``, so
@@ -10,7 +10,7 @@ positive's realized pool count is ``K_N = K_S + K'``:
 
 ``E[AP@k] = (1/min(k, m)) Σ_j E[ j/(j + K_N) · 1{j + K_N ≤ k} ]``, exact by
 linearity. The tail positives' terms are then corrected by a parametric
-bootstrap of the whole estimator (``tail_bias``).
+bootstrap of the whole estimator (``bias``).
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ import math
 
 import torch
 
-from rl_gap.metrics.tail_bayes import (
+from rl_gap.metrics.tail.bayes import (
     DEFAULT_BAYES,
     BayesTailConfig,
     GPDPosterior,
     gpd_posterior,
     shape_integrated_survival,
 )
-from rl_gap.metrics.tail_bias import posterior_mode, simulate_top_scores
-from rl_gap.metrics.tail_gpd import gpd_survival
-from rl_gap.metrics.tail_hardness import TailFit, sample_counts, tail_hardness
-from rl_gap.metrics.tail_rank import (
+from rl_gap.metrics.tail.bias import posterior_mode, simulate_top_scores
+from rl_gap.metrics.tail.gpd import gpd_survival
+from rl_gap.metrics.tail.hardness import TailFit, sample_counts, tail_hardness
+from rl_gap.metrics.tail.rank_law import (
     ap_from_precision_terms,
     expected_precision,
     expected_precision_terms,
@@ -111,7 +111,7 @@ def bootstrap_bias(
     """(P,) bootstrap bias of the predicted E[precision] of the ``use_tail`` positives.
 
     Simulates ``config.bias_replicates`` samples from each query's posterior-mode
-    GPD tail (``tail_bias``), re-runs the whole estimator (threshold, posterior,
+    GPD tail (``bias``), re-runs the whole estimator (threshold, posterior,
     empirical-Bayes prior, predictive) on them, and returns the mean prediction
     minus the simulated world's truth, in ``use_tail.nonzero()`` order.
     """
@@ -154,7 +154,7 @@ def tail_precision_terms(
     bias-corrected (:func:`bootstrap_bias`) and clipped to [0, 1].
 
     Args:
-        pos_sorted, valid, j: from ``tail_rank.sort_positives``, (Q, m).
+        pos_sorted, valid, j: from ``rank_law.sort_positives``, (Q, m).
         counts: (Q, m) sampled distractors ≥ each positive (K_S).
         post: the per-query GPD posterior.
         n_sample: S; gallery_size: N (≥ S); k: cut-off.

@@ -13,13 +13,7 @@ from statistics import NormalDist
 
 import torch
 
-from rl_gap.metrics.tail_bayes import (
-    DEFAULT_BAYES,
-    BayesTailConfig,
-    GPDPosterior,
-    gpd_posterior,
-)
-from rl_gap.metrics.tail_curve import (
+from rl_gap.metrics.tail.baselines import (
     CURVE_ESTIMATORS,
     fit_curve,
     interpolate,
@@ -27,7 +21,13 @@ from rl_gap.metrics.tail_curve import (
     single_x_curves,
     single_x_predict,
 )
-from rl_gap.metrics.tail_estimate import (  # noqa: F401  (public re-exports)
+from rl_gap.metrics.tail.bayes import (
+    DEFAULT_BAYES,
+    BayesTailConfig,
+    GPDPosterior,
+    gpd_posterior,
+)
+from rl_gap.metrics.tail.estimate import (  # noqa: F401  (public re-exports)
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     HARDNESS_ESTIMATORS,
@@ -39,21 +39,21 @@ from rl_gap.metrics.tail_estimate import (  # noqa: F401  (public re-exports)
     percentile_interval,
     resolve_rank_law,
 )
-from rl_gap.metrics.tail_hardness import (
+from rl_gap.metrics.tail.hardness import (
     DEFAULT_CONFIG,
     TailConfig,
     TailFit,
     estimate_hardness,
     sample_counts,
 )
-from rl_gap.metrics.tail_predictive import tail_expected_ap, tail_precision_terms
-from rl_gap.metrics.tail_rank import (
+from rl_gap.metrics.tail.predictive import tail_expected_ap, tail_precision_terms
+from rl_gap.metrics.tail.rank_law import (
     ap_at_k_from_counts,
     ap_at_k_from_hardness,
     ap_from_precision_terms,
     sort_positives,
 )
-from rl_gap.metrics.tail_sampling import NestedTopK, poisson_multiplicities
+from rl_gap.metrics.tail.sampling import NestedTopK, poisson_multiplicities
 
 
 class TailPredictor:
@@ -288,7 +288,7 @@ class TailPredictor:
                 "powerlaw", "loguniform").
             gallery_size: N to predict for (≥ S).
             rank_law: None (the estimator's own: "predictive" for tail, else
-                "plugin"), "plugin", "binomial" or "poisson" (see tail_rank).
+                "plugin"), "plugin", "binomial" or "poisson" (see rank_law).
             n_boot: query-bootstrap replicates.
             confidence: interval mass.
             nested_boot: if > 0, also resample the distractor sample this

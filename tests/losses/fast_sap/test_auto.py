@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from gsap_contract import reference
 
-from rl_gap.losses import build_loss, fast_rank
-from rl_gap.losses.fast_grid import PlanError, plan_grid
+from rl_gap.losses import build_loss
+from rl_gap.losses.fast_sap import kernel
+from rl_gap.losses.fast_sap.grid import PlanError, plan_grid
 
 
 def square_batch(batch: int, seed: int = 0):
@@ -44,7 +45,7 @@ def test_auto_falls_back_to_exact_when_no_plan(monkeypatch, tau, scale, neg_drop
     # list) the size threshold is lowered so that auto picks it on a small batch.
     natural = scale > 1 and neg_drop == 0
     if not natural:
-        monkeypatch.setattr(fast_rank, "FAST_MIN_COMPARISONS", 0)
+        monkeypatch.setattr(kernel, "FAST_MIN_COMPARISONS", 0)
     sim, rel, valid = square_batch(128 if natural else 48)
     sim = sim * scale
     num_pos = int((rel & valid).sum())

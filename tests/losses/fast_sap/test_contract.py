@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from gsap_contract import assert_within_contract, reference
 
-from rl_gap.losses import fast_binning, fast_native
-from rl_gap.losses.fast_grid import plan_grid
-from rl_gap.losses.fast_rank import _forward_sums, smoothed_ap_fast
+from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap import native as fast_native
+from rl_gap.losses.fast_sap.grid import plan_grid
+from rl_gap.losses.fast_sap.kernel import _forward_sums, smoothed_ap_fast
 
 
 def fast(scores, positive, tau, tolerance, valid=None):

@@ -1,4 +1,4 @@
-"""The sub-quadratic smoothed AP (rl_gap.losses.fast_rank) against brute force in float64."""
+"""The sub-quadratic smoothed AP (rl_gap.losses.fast_sap.kernel) against brute force in float64."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from gsap_contract import assert_within_contract, reference
 
 from rl_gap.losses import build_loss
 from rl_gap.losses.common import drop_lowest_negatives
-from rl_gap.losses.fast_kernels import relative_remainder, sigmoid_derivatives
-from rl_gap.losses.fast_rank import prefer_fast, smoothed_ap_fast
+from rl_gap.losses.fast_sap.kernel import prefer_fast, smoothed_ap_fast
+from rl_gap.losses.fast_sap.taylor import relative_remainder, sigmoid_derivatives
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
 TAUS = [1e-1, 1e-2, 1e-3, 1e-4]
@@ -147,7 +147,7 @@ def test_many_positives_per_row_and_isolated_items():
 
 def test_real_scatter_path_matches(monkeypatch):
     # The per-moment float64 scatter used on accelerators without complex atomics.
-    from rl_gap.losses import fast_binning
+    from rl_gap.losses.fast_sap import binning as fast_binning
 
     scores, positive = square_batch(64, "random", seed=10)
     expected, expected_grad = fast_value_and_grad(scores, positive, 1e-2)
@@ -275,7 +275,7 @@ def test_remainder_bound_covers_direct_taylor_errors():
 
 
 def _native_or_skip():
-    from rl_gap.losses import fast_native
+    from rl_gap.losses.fast_sap import native as fast_native
 
     if fast_native.native_library() is None:
         pytest.skip("no C++ compiler: the optional native passes are unavailable")
@@ -288,8 +288,8 @@ def test_native_passes_match_torch_passes(monkeypatch, dtype, tau):
     # The optional C++ passes against the torch passes on the same plan: moment
     # sums to float64 rounding (summation order differs), polynomials to 1 ulp.
     _native_or_skip()
-    from rl_gap.losses import fast_binning
-    from rl_gap.losses.fast_grid import plan_grid
+    from rl_gap.losses.fast_sap import binning as fast_binning
+    from rl_gap.losses.fast_sap.grid import plan_grid
 
     gen = torch.Generator().manual_seed(11)
     scores = (torch.randn(50_000, generator=gen) * 0.1).to(dtype)
@@ -329,7 +329,7 @@ def test_tight_clusters_with_mask_at_smallest_tau(seed):
 @pytest.mark.parametrize("tau", [1e-1, 1e-4])
 def test_torch_passes_match_brute_force(monkeypatch, tau):
     # The pure-torch passes (CUDA, or CPU without a compiler) against the reference.
-    from rl_gap.losses import fast_binning
+    from rl_gap.losses.fast_sap import binning as fast_binning
 
     monkeypatch.setattr(fast_binning, "USE_NATIVE", False)
     scores, positive = square_batch(96, "random", seed=12)

@@ -15,9 +15,12 @@ import torch
 import torch.nn.functional as F
 from gsap_contract import assert_within_contract, reference
 
-from rl_gap.losses import build_loss, fast_binning, fast_drop, fast_native
+from rl_gap.losses import build_loss
 from rl_gap.losses.common import drop_lowest_negatives
-from rl_gap.losses.fast_rank import smoothed_ap_fast
+from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap import drop as fast_drop
+from rl_gap.losses.fast_sap import native as fast_native
+from rl_gap.losses.fast_sap.kernel import smoothed_ap_fast
 
 ALPHAS = [0.5, 0.9, 0.95, 0.99]
 
@@ -160,17 +163,17 @@ def test_gsap_loss_fast_and_auto_match_exact_with_dropping(kind, monkeypatch):
 
 
 def test_auto_with_dropping_runs_the_fast_kernel(monkeypatch):
-    from rl_gap.losses import fast_rank
+    from rl_gap.losses.fast_sap import kernel
 
     calls = []
-    real = fast_rank.smoothed_ap_fast
+    real = kernel.smoothed_ap_fast
 
     def spy(*args, **kwargs):
         calls.append(kwargs.get("neg_drop"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fast_rank, "smoothed_ap_fast", spy)
-    monkeypatch.setattr(fast_rank, "FAST_MIN_COMPARISONS", 0)
+    monkeypatch.setattr(kernel, "smoothed_ap_fast", spy)
+    monkeypatch.setattr(kernel, "FAST_MIN_COMPARISONS", 0)
     sim, rel, valid = square_batch(32, seed=6)
     build_loss("gsap", temperature=0.01, neg_drop=0.9, impl="auto")(sim, rel, valid)
     assert calls == [0.9]

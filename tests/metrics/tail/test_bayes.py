@@ -11,17 +11,17 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_tail import reference_ap_at_k
 
 from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, predict_map
-from rl_gap.metrics.tail_bayes import (
+from rl_gap.metrics.tail.baselines import fit_curve
+from rl_gap.metrics.tail.bayes import (
     BayesTailConfig,
     gpd_posterior,
     profile_on_xi_grid,
     shape_integrated_survival,
 )
-from rl_gap.metrics.tail_curve import fit_curve
-from rl_gap.metrics.tail_rank import expected_precision
+from rl_gap.metrics.tail.rank_law import expected_precision
+from tests.metrics.tail.test_predict_map import reference_ap_at_k
 
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_optimize = pytest.importorskip("scipy.optimize")

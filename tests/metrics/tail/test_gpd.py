@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import genpareto
 
-from rl_gap.metrics.tail_gpd import fit_gpd, gpd_loglik, gpd_survival
+from rl_gap.metrics.tail.gpd import fit_gpd, gpd_loglik, gpd_survival
 
 
 def test_fit_matches_scipy_where_scipy_optimum_is_inside_the_bounds():

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rl_gap.metrics.tail import TailPredictor, predict_map
-from rl_gap.metrics.tail_bayes import BayesTailConfig
-from rl_gap.metrics.tail_sampling import NestedTopK
+from rl_gap.metrics.tail.bayes import BayesTailConfig
+from rl_gap.metrics.tail.sampling import NestedTopK
 
 Q, S, N, K = 1000, 2000, 40_000, 100
 

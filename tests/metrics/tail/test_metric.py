@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rl_gap.metrics.tail import predict_map
-from rl_gap.metrics.tail_metric import TailExtrapolatedMAP
+from rl_gap.metrics.tail.metric import TailExtrapolatedMAP
 
 
 def make_data(seed: int = 0, Q: int = 12, P: int = 30, S: int = 9000, d: int = 16):

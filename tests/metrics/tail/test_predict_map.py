@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rl_gap.metrics.tail import predict_map
-from rl_gap.metrics.tail_hardness import fit_tail, sample_counts
-from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, expected_ap_at_k, sort_positives
+from rl_gap.metrics.tail.hardness import fit_tail, sample_counts
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness, expected_ap_at_k, sort_positives
 
 
 def reference_ap_at_k(pos: list[float], neg: list[float], k: int) -> float:

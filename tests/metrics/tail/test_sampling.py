@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_gap.metrics.tail_sampling import (
+from rl_gap.metrics.tail.sampling import (
     NestedTopK,
     hash_uniform,
     part_of,
@@ -163,7 +163,7 @@ def test_keyed_state_refuses_missing_or_unexpected_keys():
 def test_poisson_multiplicities_are_poisson_one_and_shared_by_every_occurrence_of_a_key():
     from scipy import stats
 
-    from rl_gap.metrics.tail_sampling import poisson_multiplicities
+    from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
     keys = torch.arange(200_000)
     m = poisson_multiplicities(keys, replicate=0, seed=5)
