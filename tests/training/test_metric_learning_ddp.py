@@ -31,7 +31,7 @@ def test_two_process_ddp_epoch(run_dir):
         "--trainer.limit_val_batches", "1", "--trainer.check_val_every_n_epoch", "1",
         "--trainer.enable_progress_bar", "false", "--data.init_args.eval_batch_size", "60",
         "--model.init_args.eval_plots", "false", "--model.init_args.backbone_kwargs", "{width: 8}",
-        "--trainer.callbacks+=test_metric_learning_ddp.CheckGlobalBatch",
+        f"--trainer.callbacks+={__name__}.CheckGlobalBatch",
     ]  # fmt: skip
     cli = run_lightning_cli(argv)
     assert cli.trainer.state.finished
