@@ -33,8 +33,8 @@ demo: $(STAMP)
 	$(PY) -m rl_gap.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rl_gap tests scripts
-	$(VENV)/bin/ruff format --check rl_gap tests scripts
+	$(VENV)/bin/ruff check rl_gap tests scripts research
+	$(VENV)/bin/ruff format --check rl_gap tests scripts research
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     # LightningCLI reads sys.argv itself when called from the console script.
     run_lightning_cli(argv)

@@ -31,7 +31,7 @@ COLUMNS = {
 
 def train_one(loss: str, output_dir: str, epochs: int | None, extra: list[str]) -> dict[str, float]:
     """Run ``rl-gap fit`` on the loss's demo recipe; return its final validation metrics."""
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     recipe = recipe_path(f"demo/mnist_{loss}")  # shipped in the package (rl_gap.resources)
     argv = ["fit", "--config", str(recipe), "--output_dir", output_dir]

@@ -88,7 +88,9 @@ def main() -> None:
         (v32, g32), (v16, g16) = row
         cells = [f"{x:15.2e}" for x in (v32, v16)] + [f"{x:14.2e}" for x in (g32, g16)]
         print(f"{name:10s} " + " ".join(cells))
-    print(f"(relative errors vs float64; tests/test_autocast.py asserts <= 1e-4; {SETTINGS})")
+    print(
+        f"(relative errors vs float64; tests/modules/test_autocast.py asserts <= 1e-4; {SETTINGS})"
+    )
 
 
 if __name__ == "__main__":

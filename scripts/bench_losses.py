@@ -182,7 +182,7 @@ def run_in_subprocess(config: dict) -> dict:
 def native_passes() -> str:
     """Which O(M) passes the fast gSAP kernel uses on CPU (``RL_GAP_NATIVE=0``: torch)."""
     try:
-        from rl_gap.losses import fast_native
+        from rl_gap.losses.fast_sap import native as fast_native
     except ImportError:
         return "torch"
     return "native (C++)" if fast_native.native_library() is not None else "torch"
@@ -198,7 +198,7 @@ def build_configs(args: argparse.Namespace) -> list[dict]:
     impls = [i for i in args.impls if i != "fast" or fast_available()]
     skipped = sorted(set(args.impls) - set(impls))
     if skipped:
-        print(f"# skipping gsap impl(s) {skipped}: rl_gap.losses.fast_rank is not importable")
+        print(f"# skipping gsap impl(s) {skipped}: rl_gap.losses.fast_sap.kernel is not importable")
     configs = []
     for batch in args.batch_sizes:
         for loss in args.losses:

@@ -21,10 +21,10 @@ import time
 import torch
 
 from rl_gap.metrics.tail import TailPredictor
-from rl_gap.metrics.tail_bayes import BayesTailConfig
-from rl_gap.metrics.tail_gpd import fit_gpd
-from rl_gap.metrics.tail_hardness import fit_tail
-from rl_gap.metrics.tail_sampling import NestedTopK, stream_scores
+from rl_gap.metrics.tail.bayes import BayesTailConfig
+from rl_gap.metrics.tail.gpd import fit_gpd
+from rl_gap.metrics.tail.hardness import fit_tail
+from rl_gap.metrics.tail.sampling import NestedTopK, stream_scores
 
 
 def make_embeddings(Q: int, S: int, d: int, seed: int):

@@ -1,6 +1,6 @@
 """Validate tail-extrapolated mAP@k against the truth on large synthetic pools.
 
-For each world of ``rl_gap.metrics.tail_simulate`` (six tail geometries:
+For each world of ``research.tail_worlds`` (six tail geometries:
 isotropic, low-dimensional, anisotropic mixture, heavy-tailed Student-t,
 hierarchical classes, near-duplicate bumps) a pool of N distractors (default
 2M) is streamed block by block and never held as a score matrix: per query we
@@ -19,7 +19,7 @@ their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error. With
 ``--resamples`` every sample is split, and the held-out samples' mean per group
 is printed.
 ``--half-check`` checks the ``tail`` fit of every sample's nested half against
-the other half, out of sample (``rl_gap.metrics.tail_check``): per band of
+the other half, out of sample (``research.tail_check``): per band of
 predicted depth, the other half's actual and predicted counts above the
 positives the half does not reach; and, beside it, the same check at the scale
 the prediction needs, which only a validation can run: the whole sample's fit
@@ -53,17 +53,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from rl_gap.metrics.tail import ESTIMATORS, TailPredictor
-from rl_gap.metrics.tail_check import out_of_sample_check
-from rl_gap.metrics.tail_estimate import HARDNESS_ESTIMATORS, PREDICTIVE, resolve_rank_law
-from rl_gap.metrics.tail_hardness import sample_counts
-from rl_gap.metrics.tail_rank import ap_at_k_from_hardness, ap_from_precision_terms
-from rl_gap.metrics.tail_report import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: research/
+
+from research.tail_check import out_of_sample_check  # noqa: E402
+from research.tail_report import (  # noqa: E402
     COUNT_GROUPS,
     format_tail_check,
     print_bias_and_noise,
@@ -71,8 +71,24 @@ from rl_gap.metrics.tail_report import (
     print_summary,
     print_table,
 )
-from rl_gap.metrics.tail_sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
-from rl_gap.metrics.tail_simulate import WORLDS, World
+from research.tail_worlds import WORLDS, World  # noqa: E402
+from rl_gap.metrics.tail import ESTIMATORS, TailPredictor  # noqa: E402
+from rl_gap.metrics.tail.estimate import (  # noqa: E402
+    HARDNESS_ESTIMATORS,
+    PREDICTIVE,
+    resolve_rank_law,
+)
+from rl_gap.metrics.tail.hardness import sample_counts  # noqa: E402
+from rl_gap.metrics.tail.rank_law import (  # noqa: E402
+    ap_at_k_from_hardness,
+    ap_from_precision_terms,
+)
+from rl_gap.metrics.tail.sampling import (  # noqa: E402
+    DEFAULT_FRACTIONS,
+    NestedTopK,
+    hash_uniform,
+    part_of,
+)
 
 #: Estimators in table order (the paper's baselines, then the tail-aware ones).
 ORDER = ("sample", "single_x", "powerlaw", "loguniform", "count", "evt", "tail/plugin", "tail")

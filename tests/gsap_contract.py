@@ -1,6 +1,6 @@
 """The fast smoothed AP's accuracy contract, checked against a float64 brute force.
 
-``rl_gap.losses.fast_rank`` states: every kernel sum (R_A, R_P, D_A, D_P, E_a,
+``rl_gap.losses.fast_sap.kernel`` states: every kernel sum (R_A, R_P, D_A, D_P, E_a,
 E_b) has relative error <= tolerance/2, so |ΔSAP| <= tolerance. What that
 implies for each output, to first order in the tolerance t:
 

@@ -87,7 +87,7 @@ def test_moco_rejects_nan_lr_and_bad_momentum_sgd():
 @pytest.mark.parametrize("value", [".nan", ".inf", "-0.001"])
 def test_fit_cli_rejects_a_bad_lr_before_training(run_dir, value):
     """`rl-gap fit ... --model.init_args.lr .nan` used to train to chance and exit 0."""
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     argv = ["--config", str(RECIPES / "demo" / "mnist_gsap.yaml"), "--model.init_args.lr", value]
     with pytest.raises(ValueError, match="lr must be a finite number"):

@@ -26,9 +26,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from rl_gap import dist
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
 from rl_gap.callbacks.selection import guard_model_selection
-from rl_gap.losses import dist
 from rl_gap.metrics.distractor import distractor_metrics
 from rl_gap.metrics.functional.arguments import check_block_size, precision_tag
 from rl_gap.metrics.functional.engine import state_from_embeddings

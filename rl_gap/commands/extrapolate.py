@@ -10,7 +10,7 @@ prediction writer holding ``embeddings.npy`` (n, d) and ``labels.npy`` (n,)):
   when ``--queries`` and ``--positives`` are the same file or folder, an item
   is never its own positive: leave-one-out);
 - ``--distractors``  (S, d) embeddings of an i.i.d. distractor sample (e.g.
-  drawn with ``rl_gap.metrics.tail_sampling.sample_mask``); optional
+  drawn with ``rl_gap.metrics.tail.sampling.sample_mask``); optional
   ``--distractor-ids`` (S,) assign the nested sub-samples by hash, otherwise
   by position (the sample must then be in random order).
 
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from rl_gap.metrics.tail import ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
-from rl_gap.metrics.tail_bayes import DEFAULT_BAYES, BayesTailConfig
-from rl_gap.metrics.tail_estimate import PREDICTIVE
-from rl_gap.metrics.tail_hardness import TailConfig
-from rl_gap.metrics.tail_rank import RANK_LAWS
-from rl_gap.metrics.tail_sampling import (
+from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
+from rl_gap.metrics.tail.estimate import PREDICTIVE
+from rl_gap.metrics.tail.hardness import TailConfig
+from rl_gap.metrics.tail.rank_law import RANK_LAWS
+from rl_gap.metrics.tail.sampling import (
     DEFAULT_FRACTIONS,
     NestedTopK,
     hash_uniform,
@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     # Results first: a failing plot must never lose them.
     _write_json(args.json, out)
     if args.plot:
-        from rl_gap.metrics.tail_plot import plot_extrapolation
+        from rl_gap.metrics.tail.plot import plot_extrapolation
 
         out["plot"] = plot_extrapolation(
             predictor, args.gallery_size, args.plot, tuple(estimators), args.rank_law

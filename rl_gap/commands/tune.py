@@ -227,7 +227,7 @@ def summary_table(summary: list[dict[str, Any]]) -> str:
 
 def log_summary_to_wandb(args: argparse.Namespace, out: Path, summary: list[dict]) -> None:
     """One extra W&B run in the group holding the table (offline unless an API key is set)."""
-    from rl_gap.training_cli import resolve_wandb_mode
+    from rl_gap.training.cli import resolve_wandb_mode
 
     mode = resolve_wandb_mode(args.wandb)
     if mode == "off":

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from rl_gap.data.image_text import ZERO_SHOT, Transform, load_image
+from rl_gap.data.image_text_sets import ZERO_SHOT, Transform, load_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
 

@@ -2,7 +2,7 @@
 
 Every protocol in :mod:`rl_gap.experiments` (hyper-parameter search, seeds,
 scarce data, studies) is a set of such runs. A run goes through the same
-LightningCLI a user calls (:func:`rl_gap.training_cli.run_lightning_cli`):
+LightningCLI a user calls (:func:`rl_gap.training.cli.run_lightning_cli`):
 
 - in this process (default), or
 - as a child process started with ``command`` + ``fit ...`` (e.g.
@@ -198,7 +198,7 @@ def _wandb_env(group: str | None, job_type: str, name: str) -> Iterator[None]:
 def _run_in_process(argv: list[str]) -> dict[str, float]:
     import warnings
 
-    from rl_gap.training_cli import run_lightning_cli
+    from rl_gap.training.cli import run_lightning_cli
 
     with warnings.catch_warnings():
         # argv is given on purpose while sys.argv holds the outer command's words

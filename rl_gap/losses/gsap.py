@@ -8,7 +8,6 @@ makes similarities comparable across queries.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Callable
 
@@ -24,31 +23,22 @@ from rl_gap.losses.common import (
     num_dropped,
     zero_loss,
 )
+from rl_gap.losses.fast_sap import kernel as fast_sap_kernel
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
 IMPLS = ("auto", "exact", "fast")
 # Below this the float64 sums of the fast kernel cannot certify the bound.
 MIN_TOLERANCE = 1e-13
-FAST_MODULE = "rl_gap.losses.fast_rank"
 
 
 def _fast_module():
-    """``rl_gap.losses.fast_rank`` if it exists, else None.
-
-    Imported lazily so the exact path never depends on it. An import error
-    *inside* fast_rank is re-raised rather than silently hidden.
-    """
-    try:
-        return importlib.import_module(FAST_MODULE)
-    except ModuleNotFoundError as err:
-        if err.name == FAST_MODULE:
-            return None
-        raise
+    """The fast kernel module, :mod:`rl_gap.losses.fast_sap.kernel` (one hook for tests)."""
+    return fast_sap_kernel
 
 
 def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
-    """``rl_gap.losses.fast_rank.smoothed_ap_fast`` if available, else None."""
+    """``rl_gap.losses.fast_sap.kernel.smoothed_ap_fast`` (None only where a test removed it)."""
     return getattr(_fast_module(), "smoothed_ap_fast", None)
 
 
@@ -76,11 +66,11 @@ class GlobalSmoothAPLoss(nn.Module):
             of the flattened list are dropped before ranking (no gradient
             through the selection; positives always kept; ties broken by
             row-major flat position, lower first). The fast kernel selects the
-            same set by a score threshold (``rl_gap.losses.fast_drop``), no sort.
+            same set by a score threshold (``rl_gap.losses.fast_sap.drop``), no sort.
         impl: ``"exact"`` (chunked P × M sweep), ``"fast"`` (the sub-quadratic
-            kernel in ``rl_gap.losses.fast_rank``; raises ``PlanError`` when no grid
+            kernel in ``rl_gap.losses.fast_sap.kernel``; raises ``PlanError`` when no grid
             reaches ``tolerance``) or ``"auto"`` (fast when
-            ``fast_rank.prefer_fast(P, M_kept, τ)`` says it beats the sweep and a grid
+            ``fast_sap.kernel.prefer_fast(P, M_kept, τ)`` says it beats the sweep and a grid
             reaches the tolerance, else the exact sweep, with one warning; never raises
             for a valid batch).
         chunk_size: positives per chunk of the exact sweep (peak extra memory
@@ -109,7 +99,7 @@ class GlobalSmoothAPLoss(nn.Module):
             raise ValueError(f"unknown gsap impl {impl!r}; choose one of {IMPLS}")
         if impl == "fast" and load_fast_kernel() is None:
             raise ValueError(
-                "gsap impl='fast' needs rl_gap.losses.fast_rank.smoothed_ap_fast, "
+                "gsap impl='fast' needs rl_gap.losses.fast_sap.kernel.smoothed_ap_fast, "
                 "which is not available; use impl='exact' or 'auto'"
             )
         if chunk_size is not None and int(chunk_size) < 1:

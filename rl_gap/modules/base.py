@@ -15,7 +15,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from rl_gap.losses import dist, loss_from_config
+from rl_gap import dist
+from rl_gap.losses import loss_from_config
 from rl_gap.optim import (
     build_optimizer,
     build_scheduler,

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rl_gap import dist
 from rl_gap.data.image_text import RETRIEVAL_IMAGES, RETRIEVAL_TEXTS, ZERO_SHOT
-from rl_gap.losses import dist
 from rl_gap.metrics.functional import evaluate_embeddings
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder

@@ -30,7 +30,6 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.nn import functional as F
 from torchmetrics.utilities import dim_zero_cat
 
-import rl_gap.optim_lars  # noqa: F401  (registers the "lars" optimizer)
 from rl_gap.losses import get_loss_class
 from rl_gap.metrics.knn import WeightedKNNAccuracy
 from rl_gap.models.moco import (

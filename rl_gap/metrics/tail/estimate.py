@@ -1,0 +1,161 @@
+"""Result type, query bootstrap and input checks of the tail-extrapolated mAP@k."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from rl_gap.metrics.tail.bayes import GPDPosterior
+from rl_gap.metrics.tail.hardness import TailFit
+from rl_gap.metrics.tail.rank_law import RANK_LAWS
+
+#: ``rank_law=None`` picks the estimator's own: "predictive" for tail, "plugin" otherwise.
+PREDICTIVE = "predictive"
+
+#: Every ``estimator=`` name. ``tail`` (the default) is the tail-aware estimator
+#: with GPD parameter uncertainty and the predictive rank law (``bayes``);
+#: ``evt`` the paper's plug-in GPD; ``count`` and ``sample`` its counting and
+#: naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its
+#: homogeneous-hardness and curve-fit baselines (``baselines``).
+ESTIMATORS = ("tail", "evt", "count", "sample", "single_x", "powerlaw", "loguniform")
+DEFAULT_ESTIMATOR = "tail"
+#: Estimators built on per-positive hardness (they have ``hardness`` and the budget diagnostic).
+HARDNESS_ESTIMATORS = ("tail", "evt", "count")
+
+
+@dataclass
+class TailEstimate:
+    """A predicted mAP@k with its uncertainty.
+
+    Attributes:
+        map: predicted mAP@k (mean over queries with ≥ 1 positive).
+        ci: 95% (``confidence``) percentile interval, bootstrap over queries.
+        per_query: (Q,) float64 per-query AP@k, NaN for excluded queries
+            (all NaN for the curve fits, which predict only the mean).
+        estimator, rank_law, gallery_size, k, sample_size: what was predicted.
+        n_queries: queries with ≥ 1 positive; n_excluded: queries without.
+        hardness: (Q, m) per-positive hardness, positives sorted descending
+            (None for ``sample``).
+        tail_ok: (Q,) bool for ``evt``/``tail``: False where the tail fit was
+            degenerate and the query fell back to counting.
+        fit: the per-query TailFit for ``evt``, the GPDPosterior for ``tail``.
+        nested_ci: interval of the nested bootstrap (queries and distractor
+            sample), when requested; sample_noise_sd: std of the prediction
+            over distractor-sample resamples alone.
+        budget: sufficient-budget diagnostic, when requested.
+    """
+
+    map: float
+    ci: tuple[float, float]
+    per_query: torch.Tensor
+    estimator: str
+    rank_law: str
+    gallery_size: int
+    k: int
+    sample_size: int
+    n_queries: int
+    n_excluded: int
+    hardness: torch.Tensor | None = None
+    tail_ok: torch.Tensor | None = None
+    fit: TailFit | GPDPosterior | None = None
+    nested_ci: tuple[float, float] | None = None
+    sample_noise_sd: float | None = None
+    budget: dict | None = field(default=None)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly summary (no per-positive tensors)."""
+        out = {
+            "estimator": self.estimator,
+            "rank_law": self.rank_law,
+            "map": self.map,
+            "ci": list(self.ci),
+            "gallery_size": self.gallery_size,
+            "k": self.k,
+            "sample_size": self.sample_size,
+            "n_queries": self.n_queries,
+            "n_excluded": self.n_excluded,
+        }
+        if self.tail_ok is not None:
+            out["n_tail_fallback"] = int((~self.tail_ok).sum())
+        if self.nested_ci is not None:
+            out["nested_ci"] = list(self.nested_ci)
+            out["sample_noise_sd"] = self.sample_noise_sd
+        if self.budget is not None:
+            out["budget"] = self.budget
+        return out
+
+
+def bootstrap_ci(
+    per_query: torch.Tensor,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    generator: torch.Generator | None = None,
+) -> tuple[float, float]:
+    """Percentile interval of the mean over queries, resampling queries (per-query values fixed).
+
+    Args:
+        per_query: (Q,) values; NaN entries (excluded queries) are ignored.
+        n_boot: bootstrap replicates.
+        confidence: interval mass.
+    """
+    values = per_query[~torch.isnan(per_query)].to(torch.float64)
+    if values.numel() == 0:
+        return (math.nan, math.nan)
+    idx = torch.randint(0, values.numel(), (n_boot, values.numel()), generator=generator)
+    return percentile_interval(values[idx].mean(1), confidence)
+
+
+def percentile_interval(replicates: torch.Tensor, confidence: float = 0.95) -> tuple[float, float]:
+    """Central ``confidence`` percentile interval of bootstrap replicates (1-D)."""
+    alpha = (1.0 - confidence) / 2.0
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
+    lo, hi = torch.quantile(replicates.to(torch.float64), q)
+    return float(lo), float(hi)
+
+
+def resolve_rank_law(estimator: str, rank_law: str | None) -> str:
+    """The rank law an estimator uses: its own for ``None``; "predictive" only for tail."""
+    if rank_law is None:
+        return PREDICTIVE if estimator == "tail" else "plugin"
+    if rank_law == PREDICTIVE and estimator != "tail":
+        raise ValueError(f"rank_law 'predictive' is the tail estimator's, not {estimator!r}'s")
+    if rank_law not in (*RANK_LAWS, PREDICTIVE):
+        raise ValueError(
+            f"unknown rank_law {rank_law!r}; known: {', '.join((*RANK_LAWS, PREDICTIVE))}"
+        )
+    return rank_law
+
+
+def _check_common(
+    gallery_size: int, sample_size: int, k: int, estimator: str, rank_law: str | None
+) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
+    resolve_rank_law(estimator, rank_law)
+    if int(k) < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if sample_size < 1:
+        raise ValueError("the distractor sample is empty")
+    if gallery_size < sample_size:
+        raise ValueError(
+            f"gallery_size ({gallery_size}) must be >= the distractor sample size ({sample_size}): "
+            "the estimators extrapolate to larger galleries"
+        )
+
+
+def check_positive_scores(pos_scores: torch.Tensor, n_queries: int | None = None) -> None:
+    """Raise ValueError unless ``pos_scores`` is a (Q, m) float tensor with finite or NaN entries."""
+    if not isinstance(pos_scores, torch.Tensor) or pos_scores.dim() != 2:
+        raise ValueError(
+            f"pos_scores must be a (Q, m) tensor, got {getattr(pos_scores, 'shape', type(pos_scores))}"
+        )
+    if not pos_scores.is_floating_point():
+        raise ValueError(f"pos_scores must be floating point (NaN-padded), got {pos_scores.dtype}")
+    if bool(torch.isinf(pos_scores).any()):
+        raise ValueError("pos_scores contains ±inf; use NaN only to pad missing positives")
+    if n_queries is not None and pos_scores.shape[0] != n_queries:
+        raise ValueError(
+            f"pos_scores has {pos_scores.shape[0]} queries, the sample scores {n_queries}"
+        )

@@ -1,0 +1,204 @@
+"""Per-query hardness estimators from a distractor sample's top scores.
+
+*Web Scale on a Budget* §4 and App. B. For positive j (score s_j) of a query,
+the hardness x_j is the fraction of the distractor population scoring ≥ s_j.
+From an i.i.d. sample of S distractors, of which each query keeps its top T
+scores (sorted descending, ``-inf`` padded when S < T):
+
+- ``count``: x_j = K_j / S with K_j the sampled distractors scoring ≥ s_j
+  (exact whenever K_j < T; K_j ≥ T only happens for positives that rank
+  beyond k at every N ≥ S when T ≥ k).
+- ``evt``: threshold u = the (n+1)-th largest score with n = round((1−q)·n_top)
+  (the q-quantile of the top n_top = 4000), GPD fitted to the n excesses,
+  ζ = n / S; where K_j < min_count and s_j ≥ u,
+  x_j = ζ·(1 + ξ(s_j − u)/σ)^(−1/ξ), else the count.
+
+All functions accept optional per-score weights (Q, T) (Poisson-bootstrap
+multiplicities of the sampled distractors) so that a resampled distractor
+sample needs no re-materialisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl_gap.metrics.tail.gpd import fit_gpd, gpd_survival
+
+
+@dataclass(frozen=True)
+class TailConfig:
+    """EVT estimator settings (paper defaults, App. B).
+
+    Attributes:
+        n_top: scores per query the threshold is taken from (4000).
+        threshold_quantile: threshold u at this quantile of the top n_top (0.95).
+        min_count: use the fitted tail where fewer sampled distractors reach s_j (5).
+        min_excesses: fewer (weighted) excesses → degenerate fit, fall back to counting.
+        xi_min: lower bound on the GPD shape (−1; the upper bound is 0).
+    """
+
+    n_top: int = 4000
+    threshold_quantile: float = 0.95
+    min_count: int = 5
+    min_excesses: float = 10.0
+    xi_min: float = -1.0
+
+
+DEFAULT_CONFIG = TailConfig()
+
+
+@dataclass
+class TailFit:
+    """Per-query EVT tail (all (Q,) tensors).
+
+    Attributes:
+        threshold: u.
+        sigma, xi: GPD parameters (NaN where not ok).
+        zeta: exceedance rate n_u / S.
+        ok: False where the tail is degenerate (constant scores, too few
+            exceedances) and the estimator falls back to counting.
+    """
+
+    threshold: torch.Tensor
+    sigma: torch.Tensor
+    xi: torch.Tensor
+    zeta: torch.Tensor
+    ok: torch.Tensor
+
+
+def sample_weights(top: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """(Q, T) float64 multiplicity of each kept sample score (bootstrap ``weight``, else 1);
+    0 for the -inf padding."""
+    finite = torch.isfinite(top)
+    if weight is None:
+        return finite.to(torch.float64)
+    return torch.where(finite, weight.to(torch.float64), torch.zeros_like(top, dtype=torch.float64))
+
+
+def sample_counts(
+    pos_sorted: torch.Tensor,
+    valid: torch.Tensor,
+    top: torch.Tensor,
+    weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled distractors scoring ≥ each positive (pessimistic ties).
+
+    Args:
+        pos_sorted: (Q, m) positive scores (NaN padding allowed).
+        valid: (Q, m) real-positive mask.
+        top: (Q, T) kept sample scores, sorted descending, -inf padded.
+        weight: optional (Q, T) multiplicities of the kept scores.
+
+    Returns:
+        counts: (Q, m) float64 (0 at padding).
+        saturated: (Q, m) bool, True where all T kept scores reach s_j, so the
+            true count is only known to be ≥ the returned value.
+    """
+    top = top.to(torch.float64)
+    T = top.shape[1]
+    probe = torch.where(
+        valid, pos_sorted.to(torch.float64), torch.zeros_like(pos_sorted, dtype=torch.float64)
+    )
+    n_ge = T - torch.searchsorted(top.flip(1).contiguous(), probe.contiguous(), side="left")
+    cum = torch.cumsum(sample_weights(top, weight), dim=1)
+    counts = torch.where(n_ge > 0, cum.gather(1, (n_ge - 1).clamp_min(0)), torch.zeros_like(probe))
+    saturated = valid & (n_ge == T) & torch.isfinite(top[:, -1:])
+    return torch.where(valid, counts, torch.zeros_like(counts)), saturated
+
+
+def fit_tail(
+    top: torch.Tensor,
+    n_sample: int,
+    weight: torch.Tensor | None = None,
+    config: TailConfig = DEFAULT_CONFIG,
+) -> TailFit:
+    """Per-query threshold, exceedance rate and GPD fit from the kept top scores.
+
+    Args:
+        top: (Q, T) kept sample scores, sorted descending, -inf padded.
+        n_sample: S, the sample size the exceedance rate is normalised by.
+        weight: optional (Q, T) multiplicities (bootstrap).
+        config: estimator settings.
+    """
+    top = top.to(torch.float64)
+    n_eff = min(config.n_top, n_sample, top.shape[1])
+    n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
+    u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
+    gpd = fit_gpd(excess, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
+    ok = gpd.ok & has_u
+    return TailFit(
+        threshold=u, sigma=gpd.sigma, xi=gpd.xi, zeta=w_exc.sum(1) / float(n_sample), ok=ok
+    )
+
+
+def threshold_excesses(
+    top: torch.Tensor, n_exc: int, weight: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-query threshold after ``n_exc`` (weighted) exceedances, and the excesses over it.
+
+    Args:
+        top: (Q, T) kept sample scores, float64, sorted descending, -inf padded.
+        n_exc: exceedances wanted above the threshold.
+        weight: optional (Q, T) multiplicities (bootstrap).
+
+    Returns:
+        u: (Q,) the first kept score reached after n_exc exceedances;
+        has_u: (Q,) False where the kept scores run out first;
+        excess: (Q, W) excesses over u (≥ 0; 0 outside the exceedances);
+        w_exc: (Q, W) their weights (0 outside the exceedances).
+    """
+    T = top.shape[1]
+    w = sample_weights(top, weight)
+    idx_u = (torch.cumsum(w, dim=1) <= n_exc).sum(1)
+    has_u = idx_u < T
+    u = top.gather(1, idx_u.clamp(max=T - 1).unsqueeze(1)).squeeze(1)
+    has_u = has_u & torch.isfinite(u)
+    width = max(1, int(idx_u.clamp(max=T).max()))
+    head = top[:, :width]
+    inside = (torch.arange(width).unsqueeze(0) < idx_u.unsqueeze(1)) & torch.isfinite(head)
+    u_safe = torch.where(has_u, u, torch.zeros_like(u))
+    excess = torch.where(inside, head - u_safe.unsqueeze(1), torch.zeros_like(head))
+    w_exc = torch.where(inside, w[:, :width], torch.zeros_like(head))
+    return u, has_u, excess.clamp_min(0.0), w_exc
+
+
+def tail_hardness(pos_sorted: torch.Tensor, fit: TailFit) -> torch.Tensor:
+    """EVT hardness ζ·S_GPD(s − u) for (Q, m) scores ≥ u (NaN elsewhere or where not ok)."""
+    s = pos_sorted.to(torch.float64)
+    y = s - fit.threshold.unsqueeze(1)
+    sigma = torch.where(fit.ok, fit.sigma, torch.ones_like(fit.sigma)).unsqueeze(1)
+    xi = torch.where(fit.ok, fit.xi, torch.zeros_like(fit.xi)).unsqueeze(1)
+    x = fit.zeta.unsqueeze(1) * gpd_survival(y.clamp_min(0.0), sigma, xi)
+    usable = fit.ok.unsqueeze(1) & (y >= 0)
+    return torch.where(usable, x, torch.full_like(x, torch.nan))
+
+
+def estimate_hardness(
+    estimator: str,
+    pos_sorted: torch.Tensor,
+    valid: torch.Tensor,
+    top: torch.Tensor,
+    n_sample: int,
+    weight: torch.Tensor | None = None,
+    config: TailConfig = DEFAULT_CONFIG,
+) -> tuple[torch.Tensor, torch.Tensor, TailFit | None]:
+    """Hardness x (Q, m) for ``count`` or ``evt``, with the sample counts and the tail fit.
+
+    Returns:
+        x: (Q, m) float64 hardness (0 at padding).
+        counts: (Q, m) sampled distractors ≥ each positive.
+        fit: the TailFit for ``evt`` (None for ``count``).
+    """
+    counts, _ = sample_counts(pos_sorted, valid, top, weight)
+    x_count = counts / float(n_sample)
+    if estimator == "count":
+        return x_count, counts, None
+    if estimator != "evt":
+        raise ValueError(f"unknown hardness estimator {estimator!r}; known: count, evt")
+    fit = fit_tail(top, n_sample, weight, config)
+    x_tail = tail_hardness(pos_sorted, fit)
+    use_tail = valid & (counts < config.min_count) & ~torch.isnan(x_tail)
+    x = torch.where(use_tail, x_tail, x_count)
+    return x, counts, fit

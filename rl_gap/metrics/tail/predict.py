@@ -1,0 +1,145 @@
+"""Tail-extrapolated mAP@k: predict a web-scale gallery's metric from a small sample.
+
+*Web Scale on a Budget: Tail-Aware Retrieval Evaluation* (Meivar & Avidan):
+the distractors outranking a positive are Binomial(N, x) with a per-positive
+hardness x that does not depend on the gallery size N, so hardness estimated
+from an i.i.d. distractor sample of size S predicts AP@k at any N (docs/definitions.md,
+"Per-query hardness"). Entry points:
+
+```python
+from rl_gap.metrics.tail import predict_map
+est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # estimator="tail"
+est.map, est.ci, est.per_query
+```
+
+Estimators (``docs/tail_extrapolation.md``): ``tail`` (default; GPD tail with
+parameter uncertainty and the predictive rank law), ``evt`` (the paper's
+plug-in GPD), ``count``, ``sample`` and the paper's baselines ``single_x``,
+``powerlaw``, ``loguniform``.
+
+and :class:`TailPredictor` for the streaming state (:class:`NestedTopK`) that
+the torchmetrics class and ``rl-gap extrapolate`` fill without holding Q × S.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
+from rl_gap.metrics.tail.estimate import (
+    DEFAULT_ESTIMATOR,
+    TailEstimate,
+    _check_common,
+    check_positive_scores,
+)
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.predictor import TailPredictor
+from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK
+
+
+def state_from_scores(
+    sample_scores: torch.Tensor,
+    capacity: int,
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+    keyed: bool = False,
+) -> NestedTopK:
+    """Top-T state of a full (Q, S) sample score matrix; nested levels are column prefixes.
+
+    ``keyed``: key each kept score by its column (column j is one distractor
+    for every query), for the joint nested bootstrap.
+    """
+    if not isinstance(sample_scores, torch.Tensor) or sample_scores.dim() != 2:
+        raise ValueError(
+            f"sample_scores must be a (Q, S) tensor, got {getattr(sample_scores, 'shape', type(sample_scores))}"
+        )
+    if not sample_scores.is_floating_point():
+        raise ValueError(f"sample_scores must be floating point, got {sample_scores.dtype}")
+    Q, S = sample_scores.shape
+    if S == 0:
+        raise ValueError("the distractor sample is empty (sample_scores has 0 columns)")
+    dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
+    state = NestedTopK(Q, capacity, fractions, dtype=dtype, keyed=keyed)
+    bounds = [0] + [int(round(f * S)) for f in fractions]
+    for p in range(len(fractions)):
+        for start in range(bounds[p], bounds[p + 1], 65536):
+            block = sample_scores[:, start : min(bounds[p + 1], start + 65536)]
+            if not bool(torch.isfinite(block).all()):
+                raise ValueError("sample_scores contains NaN or ±inf")
+            keys = torch.arange(start, start + block.shape[1]) if keyed else None
+            state.push(block, p, keys)
+    return state
+
+
+def predict_map(
+    pos_scores: torch.Tensor,
+    sample_scores: torch.Tensor,
+    gallery_size: int,
+    k: int = 1000,
+    estimator: str = DEFAULT_ESTIMATOR,
+    *,
+    rank_law: str | None = None,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    nested_boot: int = 0,
+    budget: bool = False,
+    config: TailConfig = DEFAULT_CONFIG,
+    seed: int = 0,
+    bayes: BayesTailConfig = DEFAULT_BAYES,
+) -> TailEstimate:
+    """Predict mAP@k at gallery size N from a distractor sample (docs/definitions.md).
+
+    Args:
+        pos_scores: (Q, m) positive scores per query, NaN-padded; queries with
+            no positive are excluded (and counted in ``n_excluded``).
+        sample_scores: (Q, S) scores of an i.i.d. distractor sample (in random
+            order: its prefixes serve as the nested sub-samples).
+        gallery_size: N, the number of distractors to predict for (≥ S).
+        k: AP cut-off (≥ 1).
+        estimator: "tail" (default: GPD with parameter uncertainty, predictive
+            E[AP@k]), "evt" (the paper's plug-in GPD), "count", "sample", or the
+            baselines "single_x", "powerlaw", "loguniform".
+        rank_law: None = the estimator's own ("predictive" for tail, "plugin"
+            otherwise); "plugin" expected ranks (paper) or "binomial"/"poisson" E[AP@k].
+        n_boot: query-bootstrap replicates for ``ci``.
+        confidence: interval mass (0.95).
+        nested_boot: replicates of the joint bootstrap (queries resampled, and
+            the distractor sample resampled once for all queries: column j is
+            one distractor); 0 = off. Gives ``nested_ci`` and ``sample_noise_sd``.
+        budget: add the S/4, S/2, S sufficient-budget diagnostic.
+        config: EVT settings (top 4000, 95th percentile, < 5 count rule).
+        seed: bootstrap seed.
+        bayes: settings of the ``tail`` estimator.
+
+    Returns:
+        TailEstimate with ``map``, ``ci``, ``per_query`` and diagnostics.
+
+    Example:
+        One query with two positives (0.95, 0.5) and a sample of S = 10
+        distractors, one of which (0.9) lies between them. The ``count``
+        estimator gives the second positive hardness x = 1/10, so in a
+        gallery of N distractors it sits at rank 2 + N·x: AP@10 is
+        (1 + 2/3)/2 at N = S = 10 and (1 + 2/4)/2 at N = 20:
+
+        >>> import torch
+        >>> from rl_gap.metrics.tail import predict_map
+        >>> pos = torch.tensor([[0.95, 0.5]])
+        >>> sample = torch.tensor([[0.9, 0.4, 0.3, 0.2, 0.1, 0.0, -0.1, -0.2, -0.3, -0.4]])
+        >>> est = predict_map(pos, sample, gallery_size=10, k=10, estimator="count")
+        >>> round(est.map, 4)
+        0.8333
+        >>> est = predict_map(pos, sample, gallery_size=20, k=10, estimator="count")
+        >>> round(est.map, 4), est.sample_size, est.hardness
+        (0.75, 10, tensor([[0.0000, 0.1000]], dtype=torch.float64))
+    """
+    check_positive_scores(pos_scores)
+    if not isinstance(sample_scores, torch.Tensor) or sample_scores.dim() != 2:
+        raise ValueError(
+            f"sample_scores must be a (Q, S) tensor, got {getattr(sample_scores, 'shape', type(sample_scores))}"
+        )
+    check_positive_scores(pos_scores, sample_scores.shape[0])
+    _check_common(gallery_size, sample_scores.shape[1], k, estimator, rank_law)
+    state = state_from_scores(sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0)
+    predictor = TailPredictor(pos_scores, state, k, config, seed, bayes)
+    return predictor.estimate(
+        estimator, gallery_size, rank_law, n_boot, confidence, nested_boot, budget
+    )

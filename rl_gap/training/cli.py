@@ -1,0 +1,442 @@
+"""LightningCLI for training recipes: ``rl-gap fit|validate|test|predict --config recipe.yaml``.
+
+Every recipe key can be overridden on the command line
+(``--model.loss.name msap``, ``--trainer.devices 8``); unknown keys are
+rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
+
+- an output folder per run configuration:
+  ``<output_dir>/<recipe folder>/<recipe name>/seed<N>[-<hash>]``
+  (``runs/metric_learning/sop_gsap/seed0``), where ``<hash>`` (8 hex digits)
+  identifies the command-line overrides that change training
+  (``rl_gap.training.run_config``), so every override combination and seed has its own
+  folder and ``--ckpt_path last`` never picks up another configuration's
+  checkpoint; ``--run_name NAME`` uses ``<output_dir>/NAME`` instead, and a
+  recipe's ``trainer.default_root_dir`` wins over both;
+- loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
+  the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
+  ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
+  folder, the whole resolved config as the W&B config, and a stable run id
+  (``<run>/wandb_id``, also in every checkpoint) resumed with ``resume="allow"``
+  so a resumed run continues its dashboard; ``--wandb_entity``,
+  ``--wandb_tags``, ``--wandb_group``; ``--wandb off`` drops it;
+- a rich progress bar, a learning-rate monitor and checkpoints
+  (``<run>/checkpoints``, ``last.ckpt`` kept, so ``--ckpt_path last`` resumes);
+- fault tolerance (``rl_gap.training.fault_tolerance``): the checkpoint folder
+  is checked writable before the first step, ``last.ckpt`` is written every
+  ``--checkpoint_every_n_steps`` steps and on SIGTERM (then the command exits
+  with status 143), and resuming a checkpoint of a different configuration is
+  refused with the differing keys named, unless ``--force_resume true``;
+- clear errors before anything is built: an empty or missing config file, a
+  ``--ckpt_path`` that is not a checkpoint, a loss name or key the loss
+  registry does not know (also under ``--print_config``);
+- a summary of where every output went, printed when the command ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import random
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, NoReturn
+
+import lightning as L
+from lightning.pytorch.callbacks import (
+    Callback,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ProgressBar,
+    RichProgressBar,
+)
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from rl_gap.modules.base import RankingModule
+from rl_gap.resources import recipe_path
+from rl_gap.training.fault_tolerance import (
+    SIGTERM_EXIT_CODE,
+    FaultTolerance,
+    RestoreLoaderPosition,
+)
+from rl_gap.training.loggers import (
+    WandbMode,
+    default_loggers,
+    describe_outputs,
+    resolve_wandb_mode,
+    wandb_run_id,
+)
+from rl_gap.training.run_config import (
+    check_config_file,
+    config_mismatch,
+    flatten_config,
+    load_checkpoint_file,
+    loss_section_error,
+    overrides_hash,
+    resume_mismatch_message,
+    run_folder_name,
+    training_config,
+)
+
+
+def run_dir_for(
+    config_files: list[Any] | None,
+    output_dir: str,
+    run_name: str | None,
+    seed: Any = None,
+    overrides: str = "",
+) -> Path:
+    """The run folder: ``<output_dir>/<recipe folder>/<recipe stem>/<seed<N>[-<overrides>]>``.
+
+    ``run_name`` gives ``<output_dir>/<run_name>`` instead. ``seed`` is the
+    resolved ``seed_everything`` (None: the folder has no seed level, as for
+    callers that only need the recipe's folder); ``overrides`` the hash from
+    :func:`rl_gap.training.run_config.overrides_hash`.
+    """
+    if run_name:
+        return Path(output_dir) / run_name
+    if config_files:
+        recipe = Path(str(config_files[-1]))
+        base = Path(output_dir) / recipe.parent.name / recipe.stem
+    else:
+        base = Path(output_dir) / "run"
+    if seed is None and not overrides:
+        return base
+    return base / run_folder_name(seed, overrides)
+
+
+_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class RLGapArgumentParser(LightningArgumentParser):
+    """Checks the model's ``loss:`` section against the loss registry while parsing.
+
+    The check runs before jsonargparse validates types or prints
+    ``--print_config``, so a misspelt loss name or key is one line naming the
+    valid ones (instead of an error from every member of the model's type union
+    when the model is built).
+    """
+
+    def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        for prefix in ("", *(f"{s}." for s in _SUBCOMMANDS)):
+            try:
+                section = cfg.get(f"{prefix}model.init_args.loss")
+            except (KeyError, AttributeError, TypeError):
+                continue
+            message = loss_section_error(section)
+            if message:
+                self.error(f"--model.loss: {message}")
+        return super()._parse_common(cfg, *args, **kwargs)
+
+
+def _fail(message: str) -> NoReturn:
+    """A usage error: one message on stderr, exit status 2 (as argparse)."""
+    sys.stderr.write(f"rl-gap: error: {message}\n")
+    raise SystemExit(2)
+
+
+def _config_file_args(words: list[str]) -> list[str]:
+    """The values of ``--config``/``-c`` in a command line."""
+    found = []
+    for i, word in enumerate(words):
+        if word in ("--config", "-c") and i + 1 < len(words):
+            found.append(words[i + 1])
+        elif word.startswith("--config="):
+            found.append(word.split("=", 1)[1])
+    return found
+
+
+def _with_shipped_recipes(words: list[str]) -> list[str]:
+    """``--config recipes/x/y.yaml`` outside a checkout: the recipe shipped in the package.
+
+    A path that exists is kept as given; one that does not but names a shipped recipe
+    (``recipes/demo/mnist_gsap.yaml`` or ``demo/mnist_gsap``) is replaced by the installed
+    file, so the README's commands also work from a wheel installed anywhere.
+    """
+    out = list(words)
+    for i, word in enumerate(out):
+        if i > 0 and out[i - 1] in ("--config", "-c"):
+            prefix, value = "", word
+        elif word.startswith("--config="):
+            prefix, value = "--config=", word.split("=", 1)[1]
+        else:
+            continue
+        if not Path(value).exists():
+            # a name that is neither a file nor a shipped recipe: check_config_file names it
+            with contextlib.suppress(FileNotFoundError):
+                out[i] = prefix + str(recipe_path(value))
+    return out
+
+
+def _newest_last_checkpoint(folder: Path) -> Path | None:
+    """What ``--ckpt_path last`` loads from ``folder``: the newest ``last*.ckpt``."""
+    candidates = [p for p in folder.glob("last*.ckpt") if p.is_file()] if folder.is_dir() else []
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+class RLGapCLI(LightningCLI):
+    """LightningCLI with rl_gap's output folder, loggers and callbacks (see module docstring)."""
+
+    _run: dict[str, Any] | None = None
+    _ckpt_wandb_id: str | None = None
+    _fault_tolerance: FaultTolerance | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", RLGapArgumentParser)
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--output_dir", type=str, default="runs", help="root of all run folders"
+        )
+        parser.add_argument(
+            "--run_name", type=str | None, default=None, help="run folder under output_dir"
+        )
+        parser.add_argument(
+            "--wandb",
+            type=WandbMode,
+            default="auto",
+            help="W&B logging (auto: offline w/o API key)",
+        )
+        parser.add_argument("--wandb_project", type=str, default="rl_gap", help="W&B project")
+        parser.add_argument(
+            "--wandb_entity", type=str | None, default=None, help="W&B entity (user or team)"
+        )
+        parser.add_argument(
+            "--wandb_tags", type=list[str] | None, default=None, help="W&B run tags"
+        )
+        parser.add_argument(
+            "--wandb_group", type=str | None, default=None, help="W&B group (e.g. a sweep)"
+        )
+        parser.add_argument(
+            "--checkpoint_every_n_steps",
+            type=int,
+            default=1000,
+            help="write <run>/checkpoints/last.ckpt every N optimizer steps, independent of "
+            "validation (0: only at validation/epoch ends and on SIGTERM)",
+        )
+        parser.add_argument(
+            "--force_resume",
+            type=bool,
+            default=False,
+            help="resume a checkpoint written by a different configuration (differing keys "
+            "are printed as a warning instead of an error)",
+        )
+
+    def _settings(self) -> dict[str, Any]:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        keys = (
+            "config", "output_dir", "run_name", "wandb", "wandb_project", "wandb_entity",
+            "wandb_tags", "wandb_group", "checkpoint_every_n_steps", "force_resume",
+        )  # fmt: skip
+        return {k: cfg.get(k) for k in keys}
+
+    # ------------------------------------------------- parsing and run identity
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        words = None
+        if args is None or isinstance(args, (list, tuple)):
+            words = _with_shipped_recipes(
+                [str(w) for w in (sys.argv[1:] if args is None else args)]
+            )
+            args = words
+            for path in _config_file_args(words):
+                try:
+                    check_config_file(path)
+                except (FileNotFoundError, ValueError) as err:
+                    _fail(str(err))
+        super().parse_arguments(parser, args)
+        self._resolve_run(parser)
+
+    def _resolve_run(self, parser: LightningArgumentParser) -> None:
+        """Seed, training config, run folder; check ``--ckpt_path`` (before Lightning reads it)."""
+        sub = self.config.get("subcommand")
+        cfg = self.config[sub] if sub else self.config
+        seed = cfg.get("seed_everything")
+        if seed is True:  # pick the random seed now: it names the run folder
+            seed = int(os.environ.get("PL_GLOBAL_SEED") or random.randint(0, 2**32 - 1))
+            cfg["seed_everything"] = seed
+        every = cfg.get("checkpoint_every_n_steps")
+        if every is not None and every < 0:
+            _fail(f"--checkpoint_every_n_steps must be >= 0, got {every}")
+        train = training_config(flatten_config(cfg))
+        overrides = overrides_hash(train, self._baseline_config(parser, sub, cfg.get("config")))
+        root = Path(
+            cfg.get("trainer.default_root_dir")
+            or run_dir_for(
+                cfg.get("config"), cfg.get("output_dir"), cfg.get("run_name"), seed, overrides
+            )
+        )
+        full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
+        self._run = {"root": root, "config": train, "full": full, "overrides": overrides}
+        ckpt_path = cfg.get("ckpt_path")
+        if ckpt_path:
+            self._check_checkpoint(sub, str(ckpt_path), root, train, bool(cfg.get("force_resume")))
+
+    @staticmethod
+    def _baseline_config(
+        parser: LightningArgumentParser, sub: str | None, config_files: list[Any] | None
+    ) -> dict[str, Any] | None:
+        """The training config of the recipe(s) alone, without command-line overrides."""
+        argv = [sub] if sub else []
+        for path in config_files or []:
+            argv += ["--config", str(getattr(path, "absolute", path))]
+        try:
+            with (
+                contextlib.redirect_stderr(io.StringIO()),
+                contextlib.redirect_stdout(io.StringIO()),
+            ):
+                base = parser.parse_args(argv)
+        except (SystemExit, Exception):  # e.g. a required key given only on the command line
+            return None
+        return training_config(flatten_config(base[sub] if sub else base))
+
+    def _check_checkpoint(
+        self, sub: str | None, ckpt_path: str, root: Path, train: dict[str, Any], force: bool
+    ) -> None:
+        if ckpt_path == "last":
+            path = _newest_last_checkpoint(root / "checkpoints")
+            if path is None:
+                return  # Lightning warns and starts from scratch (set-and-forget in job scripts)
+        elif ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry"):
+            return
+        else:
+            path = Path(ckpt_path)
+        try:
+            ckpt = load_checkpoint_file(path)
+        except (FileNotFoundError, ValueError) as err:
+            _fail(str(err))
+        record = ckpt.get("rl_gap") or {}
+        self._ckpt_wandb_id = record.get("wandb_id")
+        if sub != "fit":
+            return
+        if record.get("config") is None:
+            warnings.warn(
+                f"{path} holds no rl_gap config record; cannot check that it comes from the "
+                "same configuration",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        diff = config_mismatch(record["config"], train)
+        if diff and not force:
+            _fail(resume_mismatch_message(path, diff))
+        if diff:
+            warnings.warn(
+                f"--force_resume: resuming {path} written by a different configuration:\n{diff}",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    # ----------------------------------------------------------------- trainer
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> L.Trainer:
+        s = self._settings()
+        run = self._run
+        assert run is not None, "parse_arguments resolves the run before classes are built"
+        root = Path(run["root"])
+        config["default_root_dir"] = str(root)
+        wandb_id = None
+        if config.get("logger") in (None, True):
+            if resolve_wandb_mode(s["wandb"]) != "off":
+                wandb_id = wandb_run_id(root, self._ckpt_wandb_id)
+            try:
+                name = str(root.relative_to(s["output_dir"]))
+            except ValueError:
+                name = root.name
+            config["logger"] = default_loggers(
+                root, name, s["wandb"], s["wandb_project"], wandb_id=wandb_id,
+                entity=s["wandb_entity"], tags=s["wandb_tags"], group=s["wandb_group"],
+                config=run["full"],
+            )  # fmt: skip
+        config["callbacks"] = self._default_callbacks(config, root)
+        config["callbacks"].append(RestoreLoaderPosition())
+        if config.get("enable_checkpointing") is not False:
+            dirs = [
+                cb.dirpath
+                for cb in config["callbacks"]
+                if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath
+            ]
+            self._fault_tolerance = FaultTolerance(
+                dirs[0] if dirs else root / "checkpoints",
+                every_n_steps=s["checkpoint_every_n_steps"],
+                run_config=run["config"],
+                wandb_id=wandb_id,
+                force_resume=bool(s["force_resume"]),
+            )
+            config["callbacks"].append(self._fault_tolerance)
+        from rl_gap.data.metric_learning import MetricLearningDataModule
+
+        if isinstance(self.datamodule, MetricLearningDataModule):
+            # The m-per-class batch sampler shards the global batch itself.
+            config["use_distributed_sampler"] = False
+        return super()._instantiate_trainer(config, callbacks)
+
+    @staticmethod
+    def _default_callbacks(config: dict[str, Any], root: Path) -> list[Callback]:
+        given = config.get("callbacks") or []
+        given = list(given) if isinstance(given, list) else [given]
+        if config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in given
+        ):
+            given.append(RichProgressBar(leave=True))
+        if config.get("logger") and not any(isinstance(c, LearningRateMonitor) for c in given):
+            given.append(LearningRateMonitor(logging_interval="step"))
+        checkpoints = [c for c in given if isinstance(c, ModelCheckpoint)]
+        for cb in checkpoints:  # one folder per run, so that --ckpt_path last finds it
+            if cb.dirpath is None:
+                cb.dirpath = str(root / "checkpoints")
+        if config.get("enable_checkpointing") is not False and not checkpoints:
+            given.append(ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True))
+        return given
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except SIGTERMException:
+            # Lightning ends the loop with SystemExit(None), i.e. status 0; a killed
+            # job must not look successful (the checkpoint was written by FaultTolerance).
+            self._finish_wandb()
+            if self._fault_tolerance is None or self._fault_tolerance.sigterm_checkpoint is None:
+                sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
+            raise SystemExit(SIGTERM_EXIT_CODE) from None
+
+    # ------------------------------------------------------ where outputs went
+    def after_fit(self) -> None:
+        self._print_outputs()
+
+    def after_validate(self) -> None:
+        self._print_outputs()
+
+    def after_test(self) -> None:
+        self._print_outputs()
+
+    @rank_zero_only
+    def _print_outputs(self) -> None:
+        print(describe_outputs(self.trainer))
+        self._finish_wandb()
+
+    @rank_zero_only
+    def _finish_wandb(self) -> None:
+        # One command = one W&B run: close it, or the next fit in this process
+        # (the demo, notebooks) would log into it.
+        for logger in self.trainer.loggers:
+            if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:
+                logger.experiment.finish()
+
+
+def run_lightning_cli(argv: list[str] | None = None, run: bool = True) -> RLGapCLI:
+    """Build (and by default run) the CLI; ``argv`` like the command line after ``rl-gap``."""
+    return RLGapCLI(
+        RankingModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=argv,
+        run=run,
+        auto_configure_optimizers=False,
+        # no argparse prefix matching: a truncated key (--trainer.max_epoch) is a typo
+        parser_kwargs={"allow_abbrev": False},
+        save_config_kwargs={"overwrite": True},
+    )

@@ -1,0 +1,217 @@
+"""Runs that survive faults: a writable checkpoint folder, step and SIGTERM checkpoints, config checks.
+
+:class:`FaultTolerance` (added by ``rl-gap fit``) does four things:
+
+- before the first step, checks that the checkpoint folder can be written
+  (rank 0 checks, every rank raises the same error);
+- every ``every_n_steps`` optimizer steps, writes ``last.ckpt`` (independent
+  of validation), so a killed job loses at most N steps;
+- on SIGTERM (what SLURM and Kubernetes send before a kill; Lightning turns it
+  into ``SIGTERMException`` after the running step) writes ``last.ckpt``
+  mid-epoch; ``rl-gap`` then exits with status 143. The training sampler's
+  position is part of every checkpoint (``rl_gap.data.sampler.ResumableBatchLoader``),
+  so ``--ckpt_path last`` continues with exactly the batches the uninterrupted run would see;
+- :class:`RestoreLoaderPosition` hands the training loader its checkpointed
+  position back (Lightning saves it but does not restore it here); ``rl-gap``
+  adds it to every run, a ``Trainer`` built in Python needs it in its callbacks
+  for an exact mid-epoch resume;
+- stores the run's training config (``rl_gap.training.run_config.training_config``) and
+  W&B id in every checkpoint and, when fitting, refuses to resume a checkpoint
+  whose config differs (naming the keys) unless ``force_resume``.
+
+``last.ckpt`` is written to a temporary file and renamed, so a kill during the
+write never destroys the previous one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.fabric.utilities.types import _Stateful
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from rl_gap.training.run_config import ResumeMismatchError, config_mismatch, resume_mismatch_message
+
+SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
+
+
+def writable_error(folder: str | Path) -> str | None:
+    """None if ``folder`` can be created and written, else a message naming it and why."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".rl_gap_write_test_{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        return (
+            f"checkpoint folder {folder} cannot be written ({reason}: {err.filename or folder}); "
+            "choose another --output_dir / --run_name or fix the folder's permissions"
+        )
+    return None
+
+
+class FaultTolerance(Callback):
+    """Writable-folder check, ``last.ckpt`` every N steps and on SIGTERM, config record + check.
+
+    Args:
+        dirpath: checkpoint folder (``<run>/checkpoints``); ``last.ckpt`` is written there.
+        every_n_steps: write ``last.ckpt`` every this many optimizer steps (0/None: never).
+        run_config: the run's flat training config, stored in checkpoints and
+            compared with a checkpoint's when resuming a fit.
+        wandb_id: W&B run id, stored in checkpoints so a resumed run continues its dashboard.
+        force_resume: resume a checkpoint of a different config (with a warning).
+    """
+
+    def __init__(
+        self,
+        dirpath: str | Path,
+        every_n_steps: int | None = None,
+        run_config: dict[str, Any] | None = None,
+        wandb_id: str | None = None,
+        force_resume: bool = False,
+    ) -> None:
+        if every_n_steps is not None and every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps or 0
+        self.run_config = run_config
+        self.wandb_id = wandb_id
+        self.force_resume = force_resume
+        self.sigterm_checkpoint: Path | None = None
+        self._last_saved_step = -1
+
+    # ------------------------------------------------------------------ checks
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        error = writable_error(self.dirpath) if trainer.is_global_zero else None
+        error = trainer.strategy.broadcast(error, src=0)
+        if error:
+            raise PermissionError(error)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint["rl_gap"] = {"config": self.run_config, "wandb_id": self.wandb_id}
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.state.fn != "fit" or self.run_config is None:
+            return
+        saved = (checkpoint.get("rl_gap") or {}).get("config")
+        path = trainer.ckpt_path or "the checkpoint"
+        if saved is None:
+            warnings.warn(
+                f"{path} holds no rl_gap config record (written by an older version or by "
+                "plain Lightning); cannot check that it comes from the same configuration",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        diff = config_mismatch(saved, self.run_config)
+        if diff is None:
+            return
+        if not self.force_resume:
+            raise ResumeMismatchError(resume_mismatch_message(path, diff))
+        warnings.warn(
+            f"--force_resume: resuming {path} written by a different configuration:\n{diff}",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    # ------------------------------------------------------------ checkpoints
+    def save_last(self, trainer: L.Trainer) -> Path:
+        """Write ``<dirpath>/last.ckpt`` atomically (all ranks call it; rank 0 writes)."""
+        path = self.dirpath / "last.ckpt"
+        for cb in trainer.checkpoint_callbacks:
+            # ModelCheckpoint(save_last=True) keeps overwriting its own last.ckpt
+            # (instead of writing last-v1.ckpt next to ours)
+            if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath:
+                if Path(cb.dirpath).resolve() == self.dirpath.resolve():
+                    cb.last_model_path = str(path)
+        tmp = path.with_name(path.name + ".tmp")
+        trainer.save_checkpoint(tmp)
+        if trainer.is_global_zero:
+            os.replace(tmp, path)
+        self._last_saved_step = trainer.global_step
+        return path
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_saved_step:
+            self.save_last(trainer)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        self.sigterm_checkpoint = self.save_last(trainer)
+        if trainer.is_global_zero:
+            print(
+                f"rl-gap: SIGTERM at epoch {trainer.current_epoch}, step {trainer.global_step}: "
+                f"saved {self.sigterm_checkpoint}; resume with the same command plus "
+                "--ckpt_path last",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _loaders(iterables: Any) -> list[Any]:
+    if isinstance(iterables, Mapping):
+        return [x for v in iterables.values() for x in _loaders(v)]
+    if isinstance(iterables, (list, tuple)):
+        return [x for v in iterables for x in _loaders(v)]
+    return [] if iterables is None else [iterables]
+
+
+class RestoreLoaderPosition(Callback):
+    """Gives the training loaders their checkpointed position back when a fit resumes.
+
+    Lightning saves the state of every training loader that has
+    ``state_dict``/``load_state_dict`` (``rl_gap.data.sampler.ResumableBatchLoader``)
+    but, when ``configure_optimizers`` asks for ``trainer.estimated_stepping_batches``
+    (every rl_gap module's schedule does), builds the loaders before the
+    checkpoint is read and never hands the states back. This callback reads them
+    from the checkpoint and applies them at ``on_train_start``, before the first
+    batch is drawn (applying them twice is harmless).
+    """
+
+    def __init__(self) -> None:
+        self._states: list[dict[str, Any]] = []
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+        self._states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        states, self._states = self._states, []
+        if not states:
+            return
+        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, _Stateful)]
+        if len(loaders) != len(states):
+            raise RuntimeError(
+                f"the checkpoint holds the position of {len(states)} training loader(s) but "
+                f"this run has {len(loaders)} resumable one(s); resume with the same data setup"
+            )
+        for loader, state in zip(loaders, states, strict=True):
+            loader.load_state_dict(state)

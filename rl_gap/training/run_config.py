@@ -1,0 +1,267 @@
+"""A training run's identity: its resolved config, run folder name and resume checks.
+
+Pure helpers (no Lightning) used by :mod:`rl_gap.training.cli` and
+:mod:`rl_gap.training.fault_tolerance`:
+
+- :func:`flatten_config` turns a resolved LightningCLI config into ``{dotted.key: value}``
+  with plain JSON values (what a checkpoint stores, safe for ``torch.load(weights_only=True)``);
+- :func:`training_config` keeps only the keys that change what is trained:
+  :data:`OPERATIONAL_KEYS` (logging, output paths, devices, evaluation schedule)
+  and dataset locations (:data:`DATA_LOCATION_KEYS`) are dropped, so resuming on
+  another GPU count, with another progress bar or with the data at another path is allowed;
+- :func:`run_folder_name` is ``seed<N>`` plus ``-<hash>`` of the training keys that
+  differ from the recipe's own values, so every override combination and every
+  seed gets its own run folder;
+- :func:`config_mismatch` names the keys in which a checkpoint's config and the
+  current one differ; :func:`load_checkpoint_file` and :func:`check_config_file`
+  turn a wrong file into one clear error;
+- :func:`loss_section_error` checks a ``loss:`` section against the loss registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Keys (dotted prefixes) that do not change what is trained: never compared on
+# resume, never part of the run folder hash. ``seed_everything`` is in the folder
+# name itself, and compared on resume.
+OPERATIONAL_KEYS: tuple[str, ...] = (
+    "config",
+    "ckpt_path",
+    "weights_only",
+    "output_dir",
+    "run_name",
+    "wandb",
+    "wandb_project",
+    "wandb_entity",
+    "wandb_tags",
+    "wandb_group",
+    "force_resume",
+    "checkpoint_every_n_steps",
+    "print_config",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+    "trainer.plugins",
+    "trainer.logger",
+    "trainer.callbacks",
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.enable_checkpointing",
+    "trainer.log_every_n_steps",
+    "trainer.profiler",
+    "trainer.max_time",
+    "trainer.limit_val_batches",
+    "trainer.limit_test_batches",
+    "trainer.limit_predict_batches",
+    "trainer.val_check_interval",
+    "trainer.check_val_every_n_epoch",
+    "trainer.num_sanity_val_steps",
+    "trainer.barebones",
+    "data.init_args.num_workers",
+    "data.init_args.eval_batch_size",
+    "model.init_args.eval_plots",
+)
+
+# Leaf names of dataset *locations* under ``data.``: the same data may live
+# elsewhere on another machine (a requeued job, another cluster).
+DATA_LOCATION_KEYS: tuple[str, ...] = ("root", "train_dir", "val_dir", "image_root")
+
+_UNSET = "<unset>"
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-representable copy of ``value`` (paths and other objects as strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def plain_config(config: Any) -> dict[str, Any]:
+    """A resolved config (jsonargparse Namespace or mapping) as nested JSON-plain dicts."""
+    if hasattr(config, "as_dict"):
+        config = config.as_dict()
+    return _plain(dict(config))
+
+
+def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` (or a jsonargparse Namespace) -> ``{"a.b": 1}``, values JSON-plain.
+
+    Lists and scalars are leaves; an empty mapping is kept as ``{}``.
+    """
+    if hasattr(config, "as_dict"):
+        config = config.as_dict()
+    if not isinstance(config, Mapping):
+        return {prefix: _plain(config)} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if hasattr(value, "as_dict"):
+            value = value.as_dict()
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_config(value, name))
+        else:
+            flat[name] = _plain(value)
+    return flat
+
+
+def _is_operational(key: str) -> bool:
+    if key.startswith("data.") and key.rsplit(".", 1)[-1] in DATA_LOCATION_KEYS:
+        return True
+    return any(key == k or key.startswith(k + ".") for k in OPERATIONAL_KEYS)
+
+
+def training_config(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a flat config that change what is trained (see :data:`OPERATIONAL_KEYS`)."""
+    return {k: v for k, v in sorted(flat.items()) if not _is_operational(k)}
+
+
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Sorted keys whose values differ (a key missing on one side differs)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k, _UNSET) != b.get(k, _UNSET))
+
+
+def overrides_hash(current: Mapping[str, Any], baseline: Mapping[str, Any] | None) -> str:
+    """8 hex digits of the training keys that differ from ``baseline``; ``""`` if none.
+
+    ``baseline`` is the training config of the recipe alone (no command-line
+    overrides); ``None`` (not available) hashes the whole training config.
+    ``seed_everything`` is left out: the seed is in the folder name itself.
+    """
+    current = {k: v for k, v in current.items() if k != "seed_everything"}
+    if baseline is None:
+        changed = current
+    else:
+        base = {k: v for k, v in baseline.items() if k != "seed_everything"}
+        changed = {k: current.get(k, _UNSET) for k in differing_keys(current, base)}
+    if not changed:
+        return ""
+    text = json.dumps(changed, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def run_folder_name(seed: Any, overrides: str) -> str:
+    """``seed0``, ``seed0-1a2b3c4d`` (overrides hash), ``noseed`` when seeding is off."""
+    name = f"seed{seed}" if isinstance(seed, int) and not isinstance(seed, bool) else "noseed"
+    return f"{name}-{overrides}" if overrides else name
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if value is not _UNSET else _UNSET
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def config_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """None if two training configs agree, else one line per differing key."""
+    keys = differing_keys(saved, current)
+    if not keys:
+        return None
+    rows = [
+        f"  {k}: checkpoint {_short(saved.get(k, _UNSET))}, now {_short(current.get(k, _UNSET))}"
+        for k in keys
+    ]
+    return "\n".join(rows)
+
+
+class ResumeMismatchError(ValueError):
+    """Resuming a checkpoint written by a different training configuration."""
+
+
+def resume_mismatch_message(path: str | Path, diff: str) -> str:
+    return (
+        f"refusing to resume {path}: it was written by a different configuration "
+        f"(differing keys below). Start a new run (another --run_name or the default "
+        f"per-configuration run folder), or pass --force_resume true to resume anyway.\n{diff}"
+    )
+
+
+# ------------------------------------------------------------------- files
+def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
+    """Load a Lightning checkpoint for inspection (CPU, memory-mapped), with clear errors.
+
+    Raises:
+        FileNotFoundError: no such file (or a folder).
+        ValueError: the file is not a checkpoint written by ``torch.save`` with
+            a Lightning ``state_dict``.
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist (or is not a file)")
+    zipped = zipfile.is_zipfile(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=zipped)
+    except Exception as err:  # pickle errors are KeyError/UnpicklingError/EOFError/...
+        raise ValueError(
+            f"{path} is not a checkpoint: torch.load failed ({type(err).__name__}: {err}). "
+            "Pass a .ckpt file written by rl-gap fit (e.g. <run>/checkpoints/last.ckpt) or 'last'."
+        ) from err
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(
+            f"{path} is not a Lightning checkpoint (no 'state_dict'; found {found}). "
+            "Pass a .ckpt file written by rl-gap fit (e.g. <run>/checkpoints/last.ckpt) or 'last'."
+        )
+    return ckpt
+
+
+def check_config_file(path: str | Path) -> None:
+    """A recipe/config file must exist and hold a non-empty YAML mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path} is not valid YAML: {err}") from err
+    if content is None:
+        raise ValueError(
+            f"config file {path} is empty; a recipe is a YAML mapping such as "
+            "'trainer: {...}', 'model: {...}', 'data: {...}' (see recipes/)"
+        )
+    if not isinstance(content, Mapping):
+        raise ValueError(
+            f"config file {path} holds a {type(content).__name__}, not a mapping of recipe keys"
+        )
+
+
+# -------------------------------------------------------------------- loss
+def _init_params(cls: type) -> set[str]:
+    return {p for p in inspect.signature(cls.__init__).parameters if p != "self"}
+
+
+def loss_section_error(section: Any) -> str | None:
+    """None if a recipe's ``loss:`` section names a registered loss and known keys.
+
+    A key that the named loss does not take but another registered loss does
+    is allowed (``loss_from_config`` ignores it with a warning, so that one
+    ``--model.loss.name`` override swaps the loss). Otherwise a one-line message
+    naming the bad name or key and the valid ones.
+    """
+    from rl_gap.losses import available_losses, get_loss_class
+
+    if section is None:
+        return None
+    if hasattr(section, "as_dict"):
+        section = section.as_dict()
+    if not isinstance(section, Mapping):
+        return f"the loss section must be a mapping like {{name: gsap, ...}}, got {section!r}"
+    name = section.get("name", "gsap")
+    names = available_losses()
+    if str(name).lower() not in names:
+        return f"unknown loss name {name!r}; registered losses: {', '.join(names)}"
+    own = _init_params(get_loss_class(name))
+    anywhere = set().union(*(_init_params(get_loss_class(n)) for n in names))
+    unknown = sorted(set(section) - {"name"} - anywhere)
+    if unknown:
+        return f"unknown loss key(s) {unknown} for loss {name!r}; it takes {sorted(own)}"
+    return None
