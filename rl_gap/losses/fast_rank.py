@@ -52,6 +52,7 @@ from rl_gap.losses.fast_grid import (
     query_powers,
     taylor_to_fine,
 )
+from rl_gap.precision import full_precision
 
 __all__ = ["PlanError", "prefer_fast", "smoothed_ap_fast"]
 
@@ -154,6 +155,7 @@ class _SmoothedAPFast(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         work, pos_index, rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = ctx.saved_tensors
         plan: GridPlan = ctx.plan
