@@ -30,7 +30,6 @@ import torch
 from rl_gap.losses import fast_binning, fast_native
 from rl_gap.losses.common import num_dropped
 
-
 RADIX_BITS = 16
 
 

@@ -132,9 +132,7 @@ class GlobalSmoothAPLoss(nn.Module):
                 stacklevel=3,
             )
 
-    def select_impl(
-        self, num_pos: int, num_items: int, device: torch.device | None = None
-    ) -> str:
+    def select_impl(self, num_pos: int, num_items: int, device: torch.device | None = None) -> str:
         """Which kernel ranks a list with ``num_pos`` positives among ``num_items`` items."""
         if self.impl != "auto":
             return self.impl
