@@ -19,7 +19,10 @@ raise on a machine without a GPU, as they would on one.
   * raises ``TypeError`` on ``.numpy()`` of a fake-CUDA tensor (``.item()``/``.tolist()``
     synchronise and work, as on a GPU);
   * checks that a ``generator=`` lives on the device of the tensors it draws
-    (``torch.Generator(device="cuda")`` is a :class:`FakeCudaGenerator` under the fixture).
+    (``torch.Generator(device="cuda")`` is a :class:`FakeCudaGenerator` under the fixture);
+  * under ``torch.use_deterministic_algorithms(True)``, raises on the ops CUDA has no
+    deterministic kernel for (weighted ``bincount``, ``histc``, accumulating ``put_``,
+    ``median`` with indices).
 
 Gradients computed by the autograd engine are plain CPU tensors internally; inside a backward
 pass plain tensors therefore count as being on the fake device, and a fake-CUDA tensor's

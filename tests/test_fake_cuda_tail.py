@@ -77,3 +77,21 @@ def test_tail_metric_keyed_and_scores_on_cuda(fake_cuda, estimator):
     ref_s, _ = run("cpu", "cpu", False, estimator=estimator, scores=True)
     out_s, _ = run("cuda", "cuda", False, estimator=estimator, scores=True)
     assert out_s == pytest.approx(ref_s, abs=1e-9)
+
+
+def test_predict_map_on_cuda_scores(fake_cuda):
+    from rl_gap.metrics.tail import predict_map
+    from rl_gap.metrics.tail_estimate import bootstrap_ci
+
+    q, p, owner, x = make_data()
+    pos = torch.full((q.shape[0], 8), float("nan"))
+    for i in range(q.shape[0]):
+        mine = q[i] @ p[owner == i].T
+        pos[i, : mine.numel()] = mine
+    kwargs = {"gallery_size": 50_000, "k": 20, "estimator": "evt", "n_boot": 50}
+    ref = predict_map(pos, q @ x.T, **kwargs)
+    out = predict_map(pos.to("cuda"), (q @ x.T).to("cuda"), **kwargs)
+    assert out.map == pytest.approx(ref.map, abs=1e-9) and out.ci == pytest.approx(ref.ci)
+    per_query = torch.tensor([0.1, 0.5, float("nan"), 0.9], device="cuda")
+    lo, hi = bootstrap_ci(per_query, 200, generator=torch.Generator().manual_seed(0))
+    assert 0.1 <= lo <= hi <= 0.9
