@@ -72,3 +72,13 @@ def test_indices_on_some_updates_only_is_an_error():
         metric.compute()
     with pytest.raises(ValueError, match="indices must be"):
         metric.update(torch.randn(2, 2), torch.arange(2), indices=torch.zeros(3))
+
+
+def test_synced_empty_index_state_means_no_indices():
+    # After a DDP sync a list state nobody filled is an empty tensor, not an empty list.
+    metric = WeightedKNNAccuracy(k=1, top_k=(1,))
+    metric.update(torch.eye(3), torch.arange(3), bank=True)
+    metric.update(torch.eye(3), torch.arange(3))
+    metric.bank_indices = torch.zeros(0, dtype=torch.long)
+    metric.query_indices = torch.zeros(0, dtype=torch.long)
+    assert float(metric.compute()["top1"]) == 1.0

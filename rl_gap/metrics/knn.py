@@ -201,7 +201,8 @@ class WeightedKNNAccuracy(Metric):
         feats = dim_zero_cat(getattr(self, f"{which}_features"))
         labels = dim_zero_cat(getattr(self, f"{which}_labels"))
         state = getattr(self, f"{which}_indices")
-        if isinstance(state, list) and not state:
+        # No indices: an empty list, or after a DDP sync an empty tensor.
+        if len(state) == 0 if isinstance(state, list) else state.numel() == 0:
             return feats, labels
         index = dim_zero_cat(state)
         if index.shape[0] != feats.shape[0]:
