@@ -95,3 +95,20 @@ def test_predict_map_on_cuda_scores(fake_cuda):
     per_query = torch.tensor([0.1, 0.5, float("nan"), 0.9], device="cuda")
     lo, hi = bootstrap_ci(per_query, 200, generator=torch.Generator().manual_seed(0))
     assert 0.1 <= lo <= hi <= 0.9
+
+
+def test_stream_scores_from_host_blocks_into_a_device_state(fake_cuda):
+    from rl_gap.metrics.tail_sampling import NestedTopK, stream_scores
+
+    q, _, _, x = make_data()
+    states = {}
+    for device in ("cpu", "cuda"):
+        state = NestedTopK(q.shape[0], 50, keyed=True, device=device)
+        stream_scores(q.to(device), x.numpy(), state, block_size=1000)  # an array, read blockwise
+        assert state.top.device.type == device
+        states[device] = state
+    for index in range(len(states["cpu"].fractions)):
+        top, keys, size = states["cuda"].level_with_keys(index)
+        ref_top, ref_keys, ref_size = states["cpu"].level_with_keys(index)
+        assert size == ref_size
+        assert torch.equal(top.cpu(), ref_top) and torch.equal(keys.cpu(), ref_keys)

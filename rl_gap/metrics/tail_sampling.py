@@ -336,7 +336,8 @@ def stream_scores(
     for start in range(0, n, block_size):
         block = distractors[start : start + block_size]
         block = torch.as_tensor(np.asarray(block) if not isinstance(block, torch.Tensor) else block)
-        scores = full_precision_similarity(q, block.to(torch.float32))
+        # Host blocks (arrays, memory maps) go to the queries' device one at a time.
+        scores = full_precision_similarity(q, block.to(device=q.device, dtype=torch.float32))
         block_keys = None if keys is None else keys[start : start + block_size]
         state.push(scores, part[start : start + block_size], block_keys)
         if progress is not None:
