@@ -15,3 +15,12 @@ def run_dir(tmp_path, monkeypatch):
     out = tmp_path / "runs"
     monkeypatch.setenv("WANDB_DIR", str(out))
     return out
+
+
+@pytest.fixture
+def fake_cuda():
+    """A fake CUDA device (``tests/fake_cuda.py``): tensors compute on the CPU, report ``cuda:0``."""
+    from fake_cuda import fake_cuda_session
+
+    with fake_cuda_session() as device:
+        yield device

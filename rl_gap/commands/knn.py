@@ -85,12 +85,15 @@ def evaluation_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset]:
 def extract_features(
     module: Any, dataset: Dataset, batch_size: int = 256, num_workers: int = 0, device: str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frozen features (N, F) float32 on CPU and labels (N,) int64 of a dataset."""
+    """Frozen features (N, F) float32 and labels (N,) int64 of a dataset, on ``device``.
+
+    They stay there: the kNN vote (a Q x N GEMM) and the linear probe run where the model ran.
+    """
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     feats, labels = [], []
     for batch in loader:
-        feats.append(module.features(batch["image"].to(device)).float().cpu())
-        labels.append(torch.as_tensor(batch["label"]).long())
+        feats.append(module.features(batch["image"].to(device)).float())
+        labels.append(torch.as_tensor(batch["label"]).long().to(device))
     if not feats:
         raise ValueError("the dataset is empty: no features to extract")
     return torch.cat(feats), torch.cat(labels)

@@ -92,20 +92,26 @@ def train_linear_probe(
     # lr/weight_decay/momentum finite and in range: `--lr nan` used to train to chance.
     check_optimizer_settings("sgd", lr, weight_decay, momentum=momentum)
     x = train_features.float()
-    y = train_labels.long()
+    y = train_labels.long().to(x.device)
+    val_labels = val_labels.to(x.device)
+    val_features = val_features.to(x.device)
     if num_classes is None:
         num_classes = int(max(y.max(), val_labels.max())) + 1
     if standardize:
         mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
     else:
-        mean, std = torch.zeros(x.shape[1]), torch.ones(x.shape[1])
+        mean = torch.zeros(x.shape[1], device=x.device)
+        std = torch.ones(x.shape[1], device=x.device)
     x = (x - mean) / std
 
+    # The probe trains where the features are; its random draws come from a CPU generator,
+    # so a seed gives the same probe on any device.
     generator = torch.Generator().manual_seed(seed)
-    probe = nn.Linear(x.shape[1], num_classes)
+    probe = nn.Linear(x.shape[1], num_classes).to(x.device)
     with torch.no_grad():
         # MoCo v3's probe init: N(0, 0.01²) weights, zero bias.
-        probe.weight.normal_(0.0, 0.01, generator=generator)
+        init = torch.empty(probe.weight.shape).normal_(0.0, 0.01, generator=generator)
+        probe.weight.copy_(init)
         probe.bias.zero_()
     optimizer = torch.optim.SGD(
         [
@@ -121,7 +127,7 @@ def train_linear_probe(
         optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * step / total))
     )
     for _ in range(epochs):
-        order = torch.randperm(x.shape[0], generator=generator)
+        order = torch.randperm(x.shape[0], generator=generator).to(x.device)
         for start in range(0, x.shape[0], batch_size):
             idx = order[start : start + batch_size]
             loss = F.cross_entropy(probe(x[idx]), y[idx])

@@ -36,6 +36,7 @@ import torch
 
 from rl_gap.losses.ap_surrogate import APSurrogateLoss, check_positive_finite, pessimistic_ranks
 from rl_gap.losses.registry import register_loss
+from rl_gap.precision import full_precision
 
 
 class _BlackboxRank(torch.autograd.Function):
@@ -53,6 +54,7 @@ class _BlackboxRank(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         work, member, ranks, count = ctx.saved_tensors
         lam = ctx.lambda_val

@@ -122,12 +122,14 @@ class GlobalSmoothAPLoss(nn.Module):
                 stacklevel=3,
             )
 
-    def select_impl(self, num_pos: int, num_items: int) -> str:
+    def select_impl(self, num_pos: int, num_items: int, device: torch.device | None = None) -> str:
         """Which kernel ranks a list with ``num_pos`` positives among ``num_items`` items."""
         if self.impl != "auto":
             return self.impl
         fast_rank = _fast_module()
-        if fast_rank is not None and fast_rank.prefer_fast(num_pos, num_items, self.temperature):
+        if fast_rank is not None and fast_rank.prefer_fast(
+            num_pos, num_items, self.temperature, device=device
+        ):
             return "fast"
         return "exact"
 
@@ -143,7 +145,7 @@ class GlobalSmoothAPLoss(nn.Module):
         if impl == "auto":
             num_valid = int(torch.count_nonzero(valid))
             num_kept = num_valid - num_dropped(num_valid - num_pos, self.neg_drop)
-            impl = self.select_impl(num_pos, num_kept)
+            impl = self.select_impl(num_pos, num_kept, sim.device)
         if impl == "fast":
             fast_rank = _fast_module()
             # The fast kernel skips invalid (and dropped) items itself: no (M,) copy of sim[valid].

@@ -120,6 +120,7 @@ class _SmoothedAPExact(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         (grad,) = ctx.saved_tensors
         return (grad * grad_output.to(grad.dtype)).to(ctx.input_dtype), None, None, None
@@ -238,6 +239,7 @@ class _SmoothedAPRows(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         (grad,) = ctx.saved_tensors
         out = grad * grad_output.to(grad.dtype).unsqueeze(1)

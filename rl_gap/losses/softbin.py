@@ -36,6 +36,7 @@ import torch
 
 from rl_gap.losses.ap_surrogate import APSurrogateLoss
 from rl_gap.losses.registry import register_loss
+from rl_gap.precision import full_precision
 
 RANGE_TOLERANCE = 0.01  # fraction of (hi − lo) a similarity may overshoot before it is an error
 MAX_BINS = 1 << 15
@@ -112,6 +113,7 @@ class _SoftBinAP(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         lower_all, inside_all, flat_pos, hist, hist_pos, num_pos = ctx.saved_tensors
         with torch.enable_grad():

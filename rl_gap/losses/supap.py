@@ -44,6 +44,7 @@ from rl_gap.losses.ap_surrogate import (
 from rl_gap.losses.common import check_temperature
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.supap_flat import supap_one_list
+from rl_gap.precision import full_precision
 
 # Elements of one (chunk × D) block of the per-row sweep: 2^20 float32 = 4 MiB;
 # the sweep holds about six such blocks at a time. (The global loss's one-list
@@ -127,6 +128,7 @@ class _SupAP(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         (grad,) = ctx.saved_tensors
         return grad * grad_output.to(grad.dtype).unsqueeze(1), None, None, None, None

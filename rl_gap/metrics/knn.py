@@ -122,13 +122,24 @@ def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, top_k=(1, 5)) -> d
     }
 
 
+def unique_by_index(index: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Rows of ``values`` sorted by (N,) ``index``, one per distinct index (its first copy)."""
+    order = torch.argsort(index, stable=True)
+    index = index[order]
+    keep = torch.ones_like(index, dtype=torch.bool)
+    keep[1:] = index[1:] != index[:-1]
+    return tuple(v[order][keep] for v in values)
+
+
 class WeightedKNNAccuracy(Metric):
     """Weighted kNN top-k accuracy as a torchmetrics Metric (synced across DDP ranks).
 
     Feed the labelled bank with ``update(features, labels, bank=True)`` and the
     evaluated queries with ``update(features, labels)``; ``compute()`` returns
     ``{"top1": tensor, "top5": tensor}``. States are concatenated across
-    ranks, so every rank classifies against the whole bank.
+    ranks, so every rank classifies against the whole bank. Pass the items'
+    dataset ``indices`` with every update to count each item once: a
+    ``DistributedSampler`` pads the ranks' shards with repeated items.
 
     Args:
         k, temperature: see :func:`weighted_knn_scores` (defaults 20, 0.07).
@@ -156,15 +167,50 @@ class WeightedKNNAccuracy(Metric):
         self.num_classes = num_classes
         self.top_k = tuple(top_k)
         self.feature_dtype = feature_dtype
-        for name in ("bank_features", "bank_labels", "query_features", "query_labels"):
-            self.add_state(name, default=[], dist_reduce_fx="cat")
+        for prefix in ("bank", "query"):
+            for name in ("features", "labels", "indices"):
+                self.add_state(f"{prefix}_{name}", default=[], dist_reduce_fx="cat")
 
-    def update(self, features: torch.Tensor, labels: torch.Tensor, bank: bool = False) -> None:
+    def update(
+        self,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        bank: bool = False,
+        indices: torch.Tensor | None = None,
+    ) -> None:
+        """Add (N, D) ``features`` with (N,) ``labels`` (and optional (N,) dataset ``indices``)."""
         _check_features("bank" if bank else "query", features, labels)
         feats = F.normalize(features.detach().float(), dim=1).to(self.feature_dtype)
         prefix = "bank" if bank else "query"
         getattr(self, f"{prefix}_features").append(feats)
         getattr(self, f"{prefix}_labels").append(labels.detach().long())
+        if indices is not None:
+            indices = torch.as_tensor(indices, device=feats.device)
+            if indices.shape != (feats.shape[0],) or indices.dtype.is_floating_point:
+                raise ValueError(
+                    f"indices must be ({feats.shape[0]},) integers, got {indices.dtype} "
+                    f"{tuple(indices.shape)}"
+                )
+            getattr(self, f"{prefix}_indices").append(indices.long())
+
+    def rows(self, which: str = "query") -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, labels) of ``"bank"``/``"query"``, each item once when indices were given.
+
+        Items are then in dataset-index order, the first copy of a repeated index kept.
+        """
+        feats = dim_zero_cat(getattr(self, f"{which}_features"))
+        labels = dim_zero_cat(getattr(self, f"{which}_labels"))
+        state = getattr(self, f"{which}_indices")
+        # No indices: an empty list, or after a DDP sync an empty tensor.
+        if len(state) == 0 if isinstance(state, list) else state.numel() == 0:
+            return feats, labels
+        index = dim_zero_cat(state)
+        if index.shape[0] != feats.shape[0]:
+            raise ValueError(
+                f"{which}: {index.shape[0]} indices for {feats.shape[0]} features; pass "
+                "indices with every update or with none"
+            )
+        return unique_by_index(index, feats, labels)
 
     def is_empty(self, which: str = "query") -> bool:
         """No ``which`` (``"bank"``/``"query"``) features yet (list or, once synced, tensor)."""
@@ -176,10 +222,9 @@ class WeightedKNNAccuracy(Metric):
             raise ValueError(
                 "WeightedKNNAccuracy needs both bank and query features before compute()"
             )
-        bank = dim_zero_cat(self.bank_features).float()
-        bank_labels = dim_zero_cat(self.bank_labels)
-        queries = dim_zero_cat(self.query_features).float()
-        query_labels = dim_zero_cat(self.query_labels)
+        bank, bank_labels = self.rows("bank")
+        queries, query_labels = self.rows("query")
+        bank, queries = bank.float(), queries.float()
         num_classes = self.num_classes
         if num_classes is None:
             num_classes = int(max(bank_labels.max(), query_labels.max())) + 1

@@ -61,7 +61,10 @@ def zero_shot_accuracy(
     hit = (rank == 0).double()
     labels = labels.long()
     counts = torch.bincount(labels, minlength=scores.shape[1]).double()
-    hits = torch.bincount(labels, weights=hit, minlength=scores.shape[1])
+    # index_add_, not bincount(weights=): CUDA has no deterministic weighted bincount, and
+    # these float64 sums of 0/1 are exact in any order.
+    hits = torch.zeros(scores.shape[1], dtype=torch.float64, device=hit.device)
+    hits.index_add_(0, labels, hit)
     present = counts > 0
     out["mean_per_class_recall"] = float((hits[present] / counts[present]).mean())
     return out

@@ -12,6 +12,7 @@ engine, caption groups as relevance) and zero-shot classification accuracy.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -126,6 +127,8 @@ class CLIPFineTuneModule(RankingModule):
         if lock_text:
             self.clip.lock_text_tower(lock_text_unlocked_layers)
         self.loss_scale_from_pretrained = False
+        # (class names, templates) -> (text tower version, (C, E) classifier)
+        self._zero_shot_cache: dict[tuple, tuple[tuple, torch.Tensor]] = {}
         if scale_from_pretrained and self.clip.pretrained_logit_scale is not None:
             self.loss_scale_from_pretrained = start_loss_scale_from(
                 self.loss_fn, self.clip.pretrained_logit_scale
@@ -230,6 +233,36 @@ class CLIPFineTuneModule(RankingModule):
         index = dist.gather_no_grad(torch.cat(buffer["index"]))
         return dedupe_by_index(index, emb, labels)
 
+    def _text_tower_version(self) -> tuple:
+        """Changes whenever a text-tower weight does (optimizer step, checkpoint load, move)."""
+        return tuple(
+            (id(p), p._version, p.device)
+            for name, p in self.clip.model.named_parameters()
+            if not name.startswith("visual.")
+        )
+
+    def _precision_context(self) -> AbstractContextManager:
+        """The trainer's autocast (``bf16-mixed``: bf16 matmuls), as in its validation steps."""
+        trainer = self._trainer
+        return nullcontext() if trainer is None else trainer.precision_plugin.forward_context()
+
+    def zero_shot_classifier(self, classnames, templates) -> torch.Tensor:
+        """(C, E) zero-shot class embeddings, encoded once while the text tower is unchanged.
+
+        Prompt encoding (C x templates texts, 80 x 1000 for ImageNet) runs under the
+        trainer's mixed precision, like the validation steps; the unit vectors come out in
+        float32. With a locked text tower it runs once per run, otherwise once per validation.
+        """
+        key = (tuple(classnames), tuple(templates))
+        version = self._text_tower_version()
+        cached = self._zero_shot_cache.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        with self._precision_context():
+            classifier = self.clip.class_embeddings(classnames, templates)
+        self._zero_shot_cache[key] = (version, classifier)
+        return classifier
+
     def evaluation_metrics(self, stage: str) -> dict[str, float]:
         """Retrieval (i2t, t2i) and zero-shot metrics of every evaluation set."""
         datasets = [loader.dataset for loader in self._eval_loaders(stage)]
@@ -244,7 +277,7 @@ class CLIPFineTuneModule(RankingModule):
                 retrieval[name][role] = idx
             elif role == ZERO_SHOT:
                 emb, labels = self._collected(idx)
-                classifier = self.clip.class_embeddings(dataset.classnames, dataset.templates)
+                classifier = self.zero_shot_classifier(dataset.classnames, dataset.templates)
                 scores = full_precision_similarity(emb, classifier.to(emb.device))
                 for key, value in zero_shot_accuracy(scores, labels).items():
                     metrics[f"{stage}/{name}/zs_{key}"] = value

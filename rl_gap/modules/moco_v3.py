@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.nn import functional as F
-from torchmetrics.utilities import dim_zero_cat
 
 from rl_gap.losses import get_loss_class
 from rl_gap.metrics.knn import WeightedKNNAccuracy
@@ -300,7 +299,10 @@ class MoCoV3Module(RankingModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
         """Dataloader 0: labelled kNN bank; dataloader 1: evaluated images."""
         features = self.features(batch["image"])
-        self.knn.update(features, batch["label"], bank=dataloader_idx == 0)
+        # Dataset indices let the metric count DistributedSampler's padded repeats once.
+        self.knn.update(
+            features, batch["label"], bank=dataloader_idx == 0, indices=batch.get("index")
+        )
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0):
         """Unit-norm backbone features for ``rl-gap predict`` (the kNN / retrieval input)."""
@@ -319,8 +321,8 @@ class MoCoV3Module(RankingModule):
         self.log_dict({f"val/knn_{k}": v for k, v in accuracy.items()}, sync_dist=False)
         if self.retrieval_max_queries > 0:
             with self.knn.sync_context():
-                feats = dim_zero_cat(self.knn.query_features).float()
-                labels = dim_zero_cat(self.knn.query_labels)
+                feats, labels = self.knn.rows("query")
+                feats = feats.float()
             self.log_dict(self.retrieval_metrics(feats, labels), sync_dist=False)
         self.knn.reset()
 

@@ -130,7 +130,7 @@ def test_auto_uses_fast_kernel_when_it_prefers(monkeypatch):
         return scores.mean() * 0 + 0.25
 
     fake_module = types.SimpleNamespace(
-        smoothed_ap_fast=fake_fast, prefer_fast=lambda p, m, t: prefer["fast"]
+        smoothed_ap_fast=fake_fast, prefer_fast=lambda p, m, t, device=None: prefer["fast"]
     )
     monkeypatch.setattr(gsap_module, "_fast_module", lambda: fake_module)
     sim, rel, valid = small_batch()

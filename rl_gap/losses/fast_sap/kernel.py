@@ -54,6 +54,7 @@ from rl_gap.losses.fast_sap.grid import (
     query_powers,
     taylor_to_fine,
 )
+from rl_gap.precision import full_precision
 
 __all__ = ["PlanError", "prefer_fast", "smoothed_ap_fast"]
 
@@ -64,16 +65,29 @@ __all__ = ["PlanError", "prefer_fast", "smoothed_ap_fast"]
 # fast 4-5 ms; B = 128: 20 ms vs 4-5 ms) and P × M ≈ 6e6 at τ = 1e-4 (a ~30 ms
 # grid fixed cost for cosine scores): the threshold below is on the safe side.
 FAST_MIN_COMPARISONS = 1 << 22
+# On a GPU the exact sweep's P × M sigmoids are one wide elementwise workload while the
+# fast kernel pays ~10^2 launches and a few host syncs per step whatever the size, so the
+# crossover moves up; estimated from those counts (scripts/bench_gpu.py measures it).
+DEVICE_FAST_MIN_COMPARISONS = 1 << 30
 
 
-def prefer_fast(num_positives: int, num_items: int, temperature: float) -> bool:
+def prefer_fast(
+    num_positives: int,
+    num_items: int,
+    temperature: float,
+    device: torch.device | str | None = None,
+) -> bool:
     """Whether ``smoothed_ap_fast`` is expected to beat the exact P × M sweep.
 
     Args:
         num_positives: P; num_items: M; temperature: τ (smaller τ means a finer
             grid, so the fast kernel needs a larger problem to pay off).
+        device: where the scores live (None: the CPU); accelerators have their own
+            threshold.
     """
-    threshold = FAST_MIN_COMPARISONS * max(1.0, math.sqrt(1e-3 / temperature))
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    base = FAST_MIN_COMPARISONS if on_cpu else DEVICE_FAST_MIN_COMPARISONS
+    threshold = base * max(1.0, math.sqrt(1e-3 / temperature))
     return num_positives * num_items >= threshold
 
 
@@ -156,6 +170,7 @@ class _SmoothedAPFast(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
         work, pos_index, rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = ctx.saved_tensors
         plan: GridPlan = ctx.plan

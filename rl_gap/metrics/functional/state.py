@@ -213,7 +213,7 @@ class RetrievalState:
     def pos_pos_ge(self) -> Tensor:
         """(P,) int64 positives of the same query scoring >= each positive (ties counted)."""
         if self.pos_scores.numel() == 0:
-            return torch.zeros(0, dtype=torch.long)
+            return torch.zeros(0, dtype=torch.long, device=self.pos_scores.device)
         ends = tie_group_end([self.pos_query, self.pos_scores])
         starts = torch.cumsum(self.num_positives, 0) - self.num_positives
         return ends - starts[self.pos_query] + 1

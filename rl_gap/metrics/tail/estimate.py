@@ -110,7 +110,7 @@ def bootstrap_ci(
 def percentile_interval(replicates: torch.Tensor, confidence: float = 0.95) -> tuple[float, float]:
     """Central ``confidence`` percentile interval of bootstrap replicates (1-D)."""
     alpha = (1.0 - confidence) / 2.0
-    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=replicates.device)
     lo, hi = torch.quantile(replicates.to(torch.float64), q)
     return float(lo), float(hi)
 

@@ -157,7 +157,9 @@ def threshold_excesses(
     has_u = has_u & torch.isfinite(u)
     width = max(1, int(idx_u.clamp(max=T).max()))
     head = top[:, :width]
-    inside = (torch.arange(width).unsqueeze(0) < idx_u.unsqueeze(1)) & torch.isfinite(head)
+    inside = (torch.arange(width, device=top.device).unsqueeze(0) < idx_u.unsqueeze(1)) & (
+        torch.isfinite(head)
+    )
     u_safe = torch.where(has_u, u, torch.zeros_like(u))
     excess = torch.where(inside, head - u_safe.unsqueeze(1), torch.zeros_like(head))
     w_exc = torch.where(inside, w[:, :width], torch.zeros_like(head))

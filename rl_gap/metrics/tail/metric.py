@@ -177,6 +177,19 @@ class TailExtrapolatedMAP(Metric):
             distractor_ids: optional (B,) integer ids; they decide (by hash)
                 which nested sub-sample each distractor joins, reproducibly.
         """
+        # The state lives on the metric's device (moved with ``.to``): inputs from elsewhere
+        # are moved there, so the state is never split across devices.
+        queries, positives, positive_query, positive_scores, distractors, distractor_scores = (
+            None if x is None else x.to(self.device)
+            for x in (
+                queries,
+                positives,
+                positive_query,
+                positive_scores,
+                distractors,
+                distractor_scores,
+            )
+        )
         if queries is not None or positive_scores is not None:
             self._register(queries, positives, positive_query, positive_scores)
         if distractors is not None:
@@ -236,9 +249,12 @@ class TailExtrapolatedMAP(Metric):
             slot = torch.zeros_like(owner)
             order = torch.argsort(owner, stable=True)
             starts = torch.cumsum(counts, 0) - counts
-            slot[order] = torch.arange(owner.numel()) - starts[owner[order]]
+            slot[order] = torch.arange(owner.numel(), device=owner.device) - starts[owner[order]]
             positive_scores = torch.full(
-                (queries.shape[0], max(width, 1)), math.nan, dtype=torch.float64
+                (queries.shape[0], max(width, 1)),
+                math.nan,
+                dtype=torch.float64,
+                device=owner.device,
             )
             positive_scores[owner, slot] = scores
             q = queries.to(torch.float32)
@@ -257,24 +273,31 @@ class TailExtrapolatedMAP(Metric):
         pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=math.nan)  # noqa: E731
         self.pos_scores = pad(pos) if old.numel() == 0 else torch.cat([pad(old), pad(pos)])
         self.top = torch.full(
-            (len(self.fractions), self.pos_scores.shape[0], self.capacity), -math.inf
+            (len(self.fractions), self.pos_scores.shape[0], self.capacity),
+            -math.inf,
+            device=self.pos_scores.device,
         )
         if self.keyed:
-            self.keys = torch.full(self.top.shape, -1, dtype=torch.long)
+            self.keys = torch.full(self.top.shape, -1, dtype=torch.long, device=self.top.device)
 
     def _push(self, scores: torch.Tensor, ids: torch.Tensor | None) -> None:
         keys = None
+        device = scores.device
         if ids is not None:
-            u = torch.from_numpy(hash_uniform(ids, seed=self.seed))
-            keys = torch.as_tensor(ids).long() if self.keyed else None
+            u = torch.from_numpy(hash_uniform(ids, seed=self.seed)).to(device)
+            keys = torch.as_tensor(ids, device=device).long() if self.keyed else None
         else:
             if self._generator is None:
                 from rl_gap.dist import rank
 
                 self._generator = torch.Generator().manual_seed(self.seed * 1009 + rank())
+            # Drawn on the host (B numbers per block) so that a run's sample does not depend
+            # on the device it runs on.
             u = torch.rand(scores.shape[1], generator=self._generator, dtype=torch.float64)
+            u = u.to(device)
             if self.keyed:  # random 62-bit keys: distinct across blocks and ranks in practice
                 keys = torch.randint(0, 1 << 62, (scores.shape[1],), generator=self._generator)
+                keys = keys.to(device)
         state = self._state()
         state.push(scores.float(), part_of(u, self.fractions), keys)
         self.top, self.seen = state.top, state.seen

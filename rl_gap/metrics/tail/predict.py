@@ -58,14 +58,18 @@ def state_from_scores(
     if S == 0:
         raise ValueError("the distractor sample is empty (sample_scores has 0 columns)")
     dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
-    state = NestedTopK(Q, capacity, fractions, dtype=dtype, keyed=keyed)
+    state = NestedTopK(
+        Q, capacity, fractions, dtype=dtype, keyed=keyed, device=sample_scores.device
+    )
     bounds = [0] + [int(round(f * S)) for f in fractions]
     for p in range(len(fractions)):
         for start in range(bounds[p], bounds[p + 1], 65536):
             block = sample_scores[:, start : min(bounds[p + 1], start + 65536)]
             if not bool(torch.isfinite(block).all()):
                 raise ValueError("sample_scores contains NaN or ±inf")
-            keys = torch.arange(start, start + block.shape[1]) if keyed else None
+            keys = (
+                torch.arange(start, start + block.shape[1], device=block.device) if keyed else None
+            )
             state.push(block, p, keys)
     return state
 

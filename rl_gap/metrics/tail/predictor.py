@@ -78,6 +78,15 @@ class TailPredictor:
         bayes: BayesTailConfig = DEFAULT_BAYES,
     ) -> None:
         check_positive_scores(pos_scores, state.n_queries)
+        # The estimate runs on the host: the kept state is small (P·Q·T scores), the fits
+        # iterate per query on data-dependent shapes, and the bootstraps draw from CPU
+        # generators, so a prediction does not depend on the device the sample was scored on.
+        pos_scores = pos_scores.cpu()
+        if state.top.device.type != "cpu":
+            keys = None if state.keys is None else state.keys.cpu()
+            state = NestedTopK.from_tensors(
+                state.top.cpu(), state.seen.cpu(), state.fractions, keys
+            )
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if state.capacity < k:

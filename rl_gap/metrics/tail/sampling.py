@@ -76,7 +76,7 @@ def sample_mask(
 
 def part_of(u: torch.Tensor, fractions: tuple[float, ...]) -> torch.Tensor:
     """Disjoint part index for uniforms ``u``: part p holds u ∈ [f_{p−1}, f_p)."""
-    edges = torch.tensor(fractions[:-1], dtype=torch.float64)
+    edges = torch.tensor(fractions[:-1], dtype=torch.float64, device=u.device)
     return torch.bucketize(u.to(torch.float64), edges, right=True)
 
 
@@ -108,6 +108,7 @@ class NestedTopK:
         fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
         dtype: torch.dtype = torch.float32,
         keyed: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -117,10 +118,11 @@ class NestedTopK:
             raise ValueError(f"fractions must increase strictly to 1, got {fractions}")
         self.fractions = tuple(float(f) for f in fractions)
         self.capacity = int(capacity)
-        self.top = torch.full((len(fractions), n_queries, capacity), -torch.inf, dtype=dtype)
-        self.seen = torch.zeros(len(fractions), dtype=torch.long)
+        shape = (len(fractions), n_queries, capacity)
+        self.top = torch.full(shape, -torch.inf, dtype=dtype, device=device)
+        self.seen = torch.zeros(len(fractions), dtype=torch.long, device=device)
         self.keys: torch.Tensor | None = (
-            torch.full(self.top.shape, -1, dtype=torch.long) if keyed else None
+            torch.full(shape, -1, dtype=torch.long, device=device) if keyed else None
         )
 
     @classmethod
@@ -141,7 +143,7 @@ class NestedTopK:
                 f"keys must be int64 of the scores' shape {tuple(top.shape)}, "
                 f"got {keys.dtype} {tuple(keys.shape)}"
             )
-        state = cls(1, top.shape[2], fractions, dtype=top.dtype)
+        state = cls(1, top.shape[2], fractions, dtype=top.dtype, device=top.device)
         state.top, state.seen, state.keys = top, seen, keys
         return state
 
@@ -175,17 +177,18 @@ class NestedTopK:
                 else "keys given to a state built without keyed=True"
             )
         if keys is not None:
-            keys = torch.as_tensor(keys)
+            keys = torch.as_tensor(keys, device=scores.device)
             if keys.shape != (scores.shape[1],) or keys.dtype.is_floating_point:
                 raise ValueError(
                     f"keys must be ({scores.shape[1]},) integers, got {keys.dtype} {tuple(keys.shape)}"
                 )
-            keys = keys.long()
+            keys = keys.long().to(scores.device)
             if keys.numel() and int(keys.min()) < 0:
                 raise ValueError("keys must be non-negative (-1 marks an empty slot)")
         if isinstance(part, int):
             self._push_part(scores, part % len(self.fractions), keys)
             return
+        part = part.to(scores.device)
         if part.numel() and bool((part == part[0]).all()):
             self._push_part(scores, int(part[0]) % len(self.fractions), keys)
             return
@@ -196,7 +199,7 @@ class NestedTopK:
                 self._push_part(scores.index_select(1, cols), p, sub_keys)
 
     def _push_part(self, scores: torch.Tensor, p: int, keys: torch.Tensor | None) -> None:
-        scores = scores.to(self.top.dtype)
+        scores = scores.to(device=self.top.device, dtype=self.top.dtype)
         current = self.top[p]
         n_cols = scores.shape[1]
         self.seen[p] += n_cols
@@ -220,12 +223,16 @@ class NestedTopK:
             else:
                 rows, cols = enter.nonzero(as_tuple=True)
                 starts = torch.cumsum(per_row, 0) - per_row
-                slot = torch.arange(rows.numel()) - starts[rows]
-                candidates = torch.full((self.n_queries, width), -torch.inf, dtype=self.top.dtype)
+                slot = torch.arange(rows.numel(), device=rows.device) - starts[rows]
+                candidates = torch.full(
+                    (self.n_queries, width), -torch.inf, dtype=self.top.dtype, device=rows.device
+                )
                 candidates[rows, slot] = scores[rows, cols]
                 merged = torch.cat([current, candidates], dim=1)
                 if keys is not None:
-                    block_keys = torch.full((self.n_queries, width), -1, dtype=torch.long)
+                    block_keys = torch.full(
+                        (self.n_queries, width), -1, dtype=torch.long, device=rows.device
+                    )
                     block_keys[rows, slot] = keys[cols]
         kept = torch.topk(merged, self.capacity, dim=1, sorted=False)
         self.top[p] = kept.values
@@ -329,7 +336,8 @@ def stream_scores(
     for start in range(0, n, block_size):
         block = distractors[start : start + block_size]
         block = torch.as_tensor(np.asarray(block) if not isinstance(block, torch.Tensor) else block)
-        scores = full_precision_similarity(q, block.to(torch.float32))
+        # Host blocks (arrays, memory maps) go to the queries' device one at a time.
+        scores = full_precision_similarity(q, block.to(device=q.device, dtype=torch.float32))
         block_keys = None if keys is None else keys[start : start + block_size]
         state.push(scores, part[start : start + block_size], block_keys)
         if progress is not None:
