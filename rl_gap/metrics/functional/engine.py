@@ -11,7 +11,10 @@ by label so positives sit in few blocks:
    (``NegativeCounter``: O(1) per pair).
 
 Blocks of step 1 are kept for step 2 within ``cache_bytes``. Memory is
-O(P + groups·G + block) besides the embeddings. Leave-one-out on one embedding
+O(P + groups·G + block) besides the embeddings: the database is read one column
+block at a time (label permutation applied per block, widened to the scoring dtype
+and moved to the scoring device per block), so a memory-mapped or float16 database
+is never copied whole. Leave-one-out on one embedding
 set computes only the blocks on and above the diagonal (the scores are
 symmetric): each unordered pair is scored once and counted for both queries.
 """
@@ -62,6 +65,23 @@ def _same_data(a: Tensor, b: Tensor) -> bool:
     )
 
 
+def _check_rows(rows, size: int, name: str) -> Tensor | None:
+    """Validated (N,) int64 CPU row indices into a tensor of ``size`` rows (or None)."""
+    if rows is None:
+        return None
+    rows = as_tensor(rows, name)
+    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
+        raise ValueError(
+            f"{name} must be a 1-D integer index, got {rows.dtype} {tuple(rows.shape)}"
+        )
+    rows = rows.long().cpu()
+    if rows.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if int(rows.min()) < 0 or int(rows.max()) >= size:
+        raise ValueError(f"{name} index out of range [0, {size})")
+    return rows
+
+
 def _blocks(size: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(size, s + step)) for s in range(0, size, step)]
 
@@ -94,6 +114,9 @@ def _state_from_embeddings(
     symmetric: bool | None = None,
     heavy_threads: int = 1,
     extra_grid: Tensor | None = None,
+    query_rows: Tensor | None = None,
+    database_rows: Tensor | None = None,
+    query_offsets: Tensor | None = None,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -120,6 +143,12 @@ def _state_from_embeddings(
         heavy_threads: CPU threads for the GEMM blocks and the counting kernel.
         extra_grid: optional scores added to the grid (``merge_grid``): negatives are
             counted exactly at each (the threshold protocol's fitted thresholds).
+        query_rows / database_rows: optional (Q,) / (D,) int64 rows of ``queries`` /
+            ``database`` that form the problem (a subset, read per block, never copied);
+            labels, indices and groups refer to the subset. The same tensor for both,
+            with ``exclude_self``, is leave-one-out on that subset.
+        query_offsets: optional (Q,) per-query shifts: scores are ``q . d - offset[q]``
+            (query-side score normalisation, ``score_norm.py``).
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
@@ -131,7 +160,11 @@ def _state_from_embeddings(
         raise ValueError(
             f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"
         )
-    num_q, num_d = queries.shape[0], database.shape[0]
+    same_rows = query_rows is database_rows
+    query_rows = _check_rows(query_rows, queries.shape[0], "query_rows")
+    database_rows = _check_rows(database_rows, database.shape[0], "database_rows")
+    num_q = queries.shape[0] if query_rows is None else query_rows.numel()
+    num_d = database.shape[0] if database_rows is None else database_rows.numel()
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
     device = torch.device(device) if device is not None else queries.device
     dtype = compute_dtype_for(torch.promote_types(queries.dtype, database.dtype))
@@ -182,8 +215,25 @@ def _state_from_embeddings(
 
     # ---- step 1: positive scores from the blocks that hold them
     row_blocks, col_blocks = _blocks(num_q, rows_step), _blocks(num_d, cols_step)
-    db_sorted = database[perm_d] if relevant_pairs is None else database
-    db_dev = db_sorted.to(device=device, dtype=dtype)
+    # Source rows of the sorted problem's queries / database items, read per block.
+    q_source = perm_q if query_rows is None else query_rows[perm_q]
+    d_order = perm_d if relevant_pairs is None else None
+    if database_rows is not None:
+        d_order = database_rows if d_order is None else database_rows[d_order]
+    q_shift = None  # per sorted query: its score offset
+    if query_offsets is not None:
+        q_shift = as_tensor(query_offsets, "query_offsets")
+        if q_shift.shape != (num_q,):
+            raise ValueError(
+                f"query_offsets must be ({num_q},) (one per query), got {tuple(q_shift.shape)}"
+            )
+        q_shift = q_shift.to(device=device, dtype=dtype)[perm_q.to(device)]
+
+    def db_block(c0: int, c1: int) -> Tensor:
+        """Sorted database rows c0..c1 on the scoring device, in the scoring dtype."""
+        rows = database[c0:c1] if d_order is None else database[d_order[c0:c1]]
+        return rows.to(device=device, dtype=dtype)
+
     # Leave-one-out on one embedding set: the score matrix is symmetric, so only
     # blocks on or above the diagonal are computed; block (r, c) also stands for
     # (c, r). Pair (j, i) gets the very value computed for (i, j) (one tie, never
@@ -193,13 +243,15 @@ def _state_from_embeddings(
         and exclude_self
         and relevant_pairs is None
         and _same_data(database, queries)
+        and same_rows
+        and q_shift is None
         and rows_step == cols_step
     )
 
     def query_block(r0: int, r1: int) -> Tensor:
         if symmetric:
-            return db_dev[r0:r1]
-        return queries[perm_q[r0:r1]].to(device=device, dtype=dtype)
+            return db_block(r0, r1)
+        return queries[q_source[r0:r1]].to(device=device, dtype=dtype)
 
     def mask_self(block: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
         if self_col is None:
@@ -212,19 +264,30 @@ def _state_from_embeddings(
     reusable: list[Tensor] = []
 
     def gemm(
-        r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None, reuse: bool = False
+        r0: int,
+        r1: int,
+        c0: int,
+        c1: int,
+        q_blk: Tensor | None = None,
+        reuse: bool = False,
+        d_blk: Tensor | None = None,
     ) -> Tensor:
         """Score block; ``reuse`` writes it into one recycled buffer (a fresh 16 MB
         block costs milliseconds of page faults), valid until the next such call."""
         q_blk = query_block(r0, r1) if q_blk is None else q_blk
+        d_blk = db_block(c0, c1) if d_blk is None else d_blk
         with torch_threads(heavy_threads), autocast_disabled(device):
             if not reuse:
-                return q_blk @ db_dev[c0:c1].T
-            if not reusable:
-                size = min(rows_step, num_q) * min(cols_step, num_d)
-                reusable.append(torch.empty(size, dtype=dtype, device=device))
-            out = reusable[0][: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
-            return torch.mm(q_blk, db_dev[c0:c1].T, out=out)
+                out = q_blk @ d_blk.T
+            else:
+                if not reusable:
+                    size = min(rows_step, num_q) * min(cols_step, num_d)
+                    reusable.append(torch.empty(size, dtype=dtype, device=device))
+                out = reusable[0][: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
+                torch.mm(q_blk, d_blk.T, out=out)
+            if q_shift is not None:
+                out.sub_(q_shift[r0:r1, None])
+            return out
 
     n_col_blocks = len(col_blocks)
     # Where each positive's score is read: (row, column) of its block.
