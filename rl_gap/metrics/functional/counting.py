@@ -228,6 +228,19 @@ class NegativeCounter:
                 transposed, mirror_start,
             )  # fmt: skip
 
+    def merge(self, shard) -> None:
+        """Sum the counts over the processes of a sharded evaluation (``sharding.py``);
+        every process then holds the counts of every block."""
+        from rl_gap.metrics.functional.sharding import merge_sum
+
+        if self._thread_hists is not None:
+            self.global_hist += self._thread_hists.sum(0)
+            self._thread_hists = None
+        parts = [self.global_hist, self.row_hist]
+        if self.boot_knot_index is not None:
+            parts.append(self.boot_hist)
+        merge_sum(parts, shard)
+
     def finish(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Returns ``(pos_neg_ge (P,), grid_neg_ge (groups, G), boot_neg_ge (Q, B) | None)``."""
         if self._thread_hists is not None:

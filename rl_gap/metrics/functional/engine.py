@@ -35,6 +35,7 @@ from rl_gap.metrics.functional.engine_inputs import (
     positive_pairs_from_labels,
     relevant_pairs_from_fn,
 )
+from rl_gap.metrics.functional.sharding import Shard, merge_sum
 from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
@@ -117,6 +118,7 @@ def _state_from_embeddings(
     query_rows: Tensor | None = None,
     database_rows: Tensor | None = None,
     query_offsets: Tensor | None = None,
+    shard: Shard | None = None,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -149,6 +151,9 @@ def _state_from_embeddings(
             with ``exclude_self``, is leave-one-out on that subset.
         query_offsets: optional (Q,) per-query shifts: scores are ``q . d - offset[q]``
             (query-side score normalisation, ``score_norm.py``).
+        shard: sharded evaluation (``sharding.py``): every process passes the same
+            inputs, scores and counts the blocks it owns, and the counts are summed;
+            every process returns the one-process state.
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
@@ -302,11 +307,15 @@ def _state_from_embeddings(
     ids, counts = torch.unique_consecutive(block_id, return_counts=True)
     bounds = torch.cumsum(counts, 0).tolist()
     block_pairs: dict[int, tuple[Tensor, Tensor]] = {}
-    pos_scores = torch.empty(q_idx.numel(), dtype=dtype, device=device)
+    # Sharded: entries of blocks owned elsewhere stay 0 until the sum over processes.
+    pos_scores = torch.zeros(q_idx.numel(), dtype=dtype, device=device)
     cache: dict[int, Tensor] = {}
     cached = 0
     start = 0
     for bid, stop in zip(ids.tolist(), bounds):
+        if shard is not None and not shard.owns(bid):
+            start = stop
+            continue
         rb, cb = divmod(bid, n_col_blocks)
         (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
         rows = (read_q[start:stop] - r0).to(device)
@@ -321,6 +330,8 @@ def _state_from_embeddings(
             cache[bid] = block
             cached += block_bytes
         start = stop
+    if shard is not None:
+        merge_sum([pos_scores], shard)
     if not bool(torch.isfinite(pos_scores).all()):
         raise ValueError("scores overflow to inf: embeddings too large for the scoring dtype")
 
@@ -351,11 +362,15 @@ def _state_from_embeddings(
         )
         # ---- step 2: every block, negatives only
         for rb, (r0, r1) in enumerate(row_blocks):
-            q_blk = query_block(r0, r1)
+            q_blk = None
             for cb, (c0, c1) in enumerate(col_blocks):
                 if symmetric and cb < rb:
                     continue
                 bid = rb * n_col_blocks + cb
+                if shard is not None and not shard.owns(bid):
+                    continue
+                if q_blk is None:
+                    q_blk = query_block(r0, r1)
                 block = cache.pop(bid, None)
                 if block is None:
                     block = gemm(r0, r1, c0, c1, q_blk, reuse=True)
@@ -373,6 +388,8 @@ def _state_from_embeddings(
                     # transposed pass adds the column queries' own counts.
                     counter.add(block, r0, mirror_start=c0)
                     counter.add(block, c0, global_weight=0, transposed=True)
+        if shard is not None:
+            counter.merge(shard)
         pos_neg_ge, used_neg_ge, boot = counter.finish()
         grid_neg_ge = used_neg_ge.new_zeros((num_groups, grid.numel()))
         grid_neg_ge[used.to(device)] = used_neg_ge

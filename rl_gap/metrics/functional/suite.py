@@ -29,6 +29,7 @@ from rl_gap.metrics.functional.protocol import (
     threshold_protocol_from_states,
 )
 from rl_gap.metrics.functional.score_norm import ScoreNorm, background_offsets
+from rl_gap.metrics.functional.sharding import Shard
 from rl_gap.metrics.functional.state import RetrievalState, torch_threads
 
 __all__ = [
@@ -161,7 +162,7 @@ def embedding_protocol_states(
         query_labels / database_labels: (Q,) / (D,) integer labels.
         exclude_self / query_index: self pairs, as in ``state_from_embeddings``.
         query_offsets: optional (Q,) score shifts (query-side normalisation).
-        engine_kwargs: ``block_size``, ``device``, ``cache_bytes`` of the engine.
+        engine_kwargs: ``block_size``, ``device``, ``cache_bytes``, ``shard`` of the engine.
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
@@ -235,6 +236,7 @@ def evaluate_embeddings(
     cache_bytes: int = 512 << 20,
     background=None,
     score_norm: ScoreNorm | None = None,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
@@ -252,7 +254,9 @@ def evaluate_embeddings(
     ``background`` ((B, dim) embeddings): rank query-side normalised scores
     ``q . d - beta * mean of q's top background scores`` (``score_norm.py``;
     ``score_norm`` default ``ScoreNorm()``, SSCD's beta 1, neighbours 0..2).
-    See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
+    ``shard`` (``sharding.py``): processes holding the same inputs split the
+    engine's blocks and sum its exact counts; every process gets the one-process
+    values. See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
     the engine. Returns Python floats.
     """
     ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
@@ -314,7 +318,9 @@ def evaluate_embeddings(
         d_lab = check_labels(d_lab, num_d, "database_labels")
         has_positive = _positives_per_query(q_lab, d_lab, self_index is not None) > 0
     group, num_groups = query_groups(has_positive)
-    engine = {"block_size": block_size, "device": device, "cache_bytes": cache_bytes}
+    engine = {
+        "block_size": block_size, "device": device, "cache_bytes": cache_bytes, "shard": shard,
+    }  # fmt: skip
     state = state_from_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
         query_index=query_index, relevant_pairs=relevant_pairs, query_group=group,
