@@ -97,6 +97,7 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
         result = _cases(process_group_shard())
         result["blocks"] = len(blocks)
         result["callback"] = _callback_run(rank, world)
+        result["callback_blocks"] = len(blocks) - result["blocks"]
         torch.save(result, Path(folder, f"rank{rank}.pt"))
     finally:
         dist.barrier()
@@ -159,6 +160,7 @@ def test_two_process_sharded_evaluation_equals_one_process(tmp_path):
     # Each rank counted only part of the blocks; together, every block once.
     assert 0 < ranks[0]["blocks"] < len(blocks) and 0 < ranks[1]["blocks"] < len(blocks)
     assert ranks[0]["blocks"] + ranks[1]["blocks"] == len(blocks)
+    assert ranks[0]["callback_blocks"] > 0 and ranks[1]["callback_blocks"] > 0
     # An independent reference for the shared numbers: scikit-learn's gAP.
     x, labels = _set()
     scores = (x.double() @ x.double().T).numpy()
