@@ -361,33 +361,41 @@ def _state_from_embeddings(
             grid, offsets, pos_grid_index, compact_group.to(device), used.numel(), knots
         )
         # ---- step 2: every block, negatives only
-        for rb, (r0, r1) in enumerate(row_blocks):
-            q_blk = None
-            for cb, (c0, c1) in enumerate(col_blocks):
-                if symmetric and cb < rb:
+        visits = [
+            (rb, cb)
+            for rb in range(len(row_blocks))
+            for cb in range(n_col_blocks)
+            if not (symmetric and cb < rb)
+        ]
+        if num_d > num_q:  # column blocks outermost: the database streams once per pass
+            visits.sort(key=lambda visit: (visit[1], visit[0]))
+        q_key = d_key = None
+        for rb, cb in visits:
+            bid = rb * n_col_blocks + cb
+            if shard is not None and not shard.owns(bid):
+                continue
+            (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
+            block = cache.pop(bid, None)
+            if block is None:  # read the outer block once, the inner one per visit
+                if q_key != rb:
+                    q_blk, q_key = query_block(r0, r1), rb
+                if d_key != cb:
+                    d_blk, d_key = db_block(c0, c1), cb
+                block = gemm(r0, r1, c0, c1, q_blk, reuse=True, d_blk=d_blk)
+                if bid in block_pairs:
+                    rows, cols = block_pairs[bid]
+                    block[rows, cols] = float("-inf")
+                mask_self(block, r0, r1, c0, c1)
+            with torch_threads(heavy_threads):
+                if not symmetric or cb == rb:
+                    counter.add(block, r0)
                     continue
-                bid = rb * n_col_blocks + cb
-                if shard is not None and not shard.owns(bid):
-                    continue
-                if q_blk is None:
-                    q_blk = query_block(r0, r1)
-                block = cache.pop(bid, None)
-                if block is None:
-                    block = gemm(r0, r1, c0, c1, q_blk, reuse=True)
-                    if bid in block_pairs:
-                        rows, cols = block_pairs[bid]
-                        block[rows, cols] = float("-inf")
-                    mask_self(block, r0, r1, c0, c1)
-                with torch_threads(heavy_threads):
-                    if not symmetric or cb == rb:
-                        counter.add(block, r0)
-                        continue
-                    # Positives of the column queries sit at the mirrored places
-                    # (labels are symmetric), so the masked block serves both sides:
-                    # the row pass counts each score globally for both queries, the
-                    # transposed pass adds the column queries' own counts.
-                    counter.add(block, r0, mirror_start=c0)
-                    counter.add(block, c0, global_weight=0, transposed=True)
+                # Positives of the column queries sit at the mirrored places
+                # (labels are symmetric), so the masked block serves both sides:
+                # the row pass counts each score globally for both queries, the
+                # transposed pass adds the column queries' own counts.
+                counter.add(block, r0, mirror_start=c0)
+                counter.add(block, c0, global_weight=0, transposed=True)
         if shard is not None:
             counter.merge(shard)
         pos_neg_ge, used_neg_ge, boot = counter.finish()
