@@ -156,3 +156,28 @@ def test_accelerator_counting_path_equals_host_path(monkeypatch):
     assert calls
     assert accelerator == host
     assert host["gap"] == pytest.approx(_sklearn_gap(queries, database, q_lab, d_lab), abs=1e-12)
+
+
+def test_each_database_block_is_read_once_per_pass(tmp_path, monkeypatch):
+    """With more database rows than queries, the counting pass visits column blocks
+    outermost: each block of a memory-mapped database is read once, not once per
+    query block (a map larger than RAM would be read from disk Q / block times)."""
+    from rl_gap.metrics.functional import counting
+    from rl_gap.metrics.functional.engine import state_from_embeddings
+
+    queries, database, q_lab, d_lab = _problem()  # 40 queries (3 blocks), 230 rows (15)
+    mapped = _memmap(tmp_path, database.numpy(), "database")
+    detector = WholeCopyDetector(_view(mapped))
+    at_first_count = []
+    add = counting.NegativeCounter.add
+    monkeypatch.setattr(
+        counting.NegativeCounter, "add",
+        lambda self, *a, **k: at_first_count.append(detector.reads) or add(self, *a, **k),
+    )  # fmt: skip
+    with detector:
+        state_from_embeddings(queries, mapped, q_lab, d_lab, block_size=BLOCK, cache_bytes=0)
+    # Reads of the counting pass: from the first block's (already read when the
+    # first block is counted) to the end.
+    pass_reads = detector.reads - at_first_count[0] + 1
+    assert len(at_first_count) == 3 * 15  # every block counted
+    assert pass_reads == 15
