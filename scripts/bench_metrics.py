@@ -11,12 +11,18 @@ leave-one-out, no ceiling) vs the bare blocked similarity GEMM at 10^8 and
 engine's symmetric path); the same problem with the database passed as a
 separate tensor shows the cost when there is no symmetry to use.
 
+Part 3 (``--layouts``): the engine over the bare GEMM for the two layouts, at
+10k x 10k and d = 128 / 512: separate query and database sets (distinct
+embeddings of the same classes, no self pairs) and leave-one-out on one set,
+each repeated (``--repeat``) and reported as the median ratio of one run.
+
 Times are wall seconds; "peak" is the extra resident memory (RSS sampled every
 2 ms) above the level before the call. Ratios within one run are what to read:
 the machine is shared and timings drift.
 
     .venv/bin/python scripts/bench_metrics.py            # everything (~10+ min)
     .venv/bin/python scripts/bench_metrics.py --quick    # 10^6 / 10^7 / 10^8 only
+    .venv/bin/python scripts/bench_metrics.py --layouts --skip-scores --skip-embeddings
 """
 
 from __future__ import annotations
@@ -189,18 +195,85 @@ def _embeddings_case(n: int, block: int) -> None:
     )
 
 
+def layout_problem(n: int, dim: int, noise: float, seed: int = 1):
+    """2n embeddings of n // 8 classes (a moderately hard problem: gAP ~0.5 at d = 128):
+    the first n are the queries, the last n the separate database."""
+    g = torch.Generator().manual_seed(seed)
+    classes = n // 8
+    labels = torch.randint(0, classes, (2 * n,), generator=g)
+    centers = torch.randn(classes, dim, generator=g)
+    spread = noise * (dim / 128) ** 0.25  # about as hard at d = 512 as at 128
+    x = torch.nn.functional.normalize(
+        centers[labels] + spread * torch.randn(2 * n, dim, generator=g), dim=1
+    )
+    return x[:n].contiguous(), x[n:].contiguous(), labels[:n], labels[n:]
+
+
+def part_layouts(n: int, dims, noise: float, repeat: int, block: int) -> None:
+
+    print(f"\n== engine / bare GEMM, {n} x {n}: separate sets vs leave-one-out ==")
+    print(f"{'dim':>4} {'layout':<22} {'GEMM s':>7} {'engine s':>8} {'median x GEMM':>13}  runs")
+    for dim in dims:
+        _layout_case(dim, *layout_problem(n, dim, noise), repeat, block)
+
+
+def _layout_case(dim, q, d, ql, dl, repeat: int, block: int) -> None:
+    from rl_gap.metrics.functional import evaluate_embeddings
+
+    def gemm(a, b):
+        total = 0.0
+        for r in range(0, a.shape[0], block):
+            for c in range(0, b.shape[0], block):
+                total += float((a[r : r + block] @ b[c : c + block].T)[0, 0])
+        return total
+
+    layouts = {
+        "query != database": (
+            lambda: gemm(q, d),
+            lambda: evaluate_embeddings(q, d, ql, dl, ceiling=False, block_size=block),
+        ),
+        "leave-one-out": (
+            lambda: gemm(q, q),
+            lambda: evaluate_embeddings(
+                q, q, ql, ql, exclude_self=True, ceiling=False, block_size=block
+            ),
+        ),
+    }
+    for name, (bare, engine) in layouts.items():
+        ratios, t_bare, t_engine = [], [], []
+        for _ in range(repeat):  # alternate, so drift hits both alike
+            _, tb, _ = measure(bare)
+            out, te, _ = measure(engine)
+            ratios.append(te / tb)
+            t_bare.append(tb)
+            t_engine.append(te)
+        runs = " ".join(f"{r:.2f}" for r in ratios)
+        print(
+            f"{dim:>4} {name:<22} {np.median(t_bare):>7.2f} {np.median(t_engine):>8.2f} "
+            f"{np.median(ratios):>13.2f}  {runs}  (gap={out['gap']:.3f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="skip the 10^9-pair run")
     parser.add_argument("--skip-scores", action="store_true")
     parser.add_argument("--block", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-embeddings", action="store_true")
+    parser.add_argument("--layouts", action="store_true", help="both layouts, d = 128 / 512")
+    parser.add_argument("--layout-size", type=int, default=10_000)
+    parser.add_argument("--noise", type=float, default=1.5)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     if not args.skip_scores:
         part_scores([(1000, 1000), (1000, 10000)])
-    part_embeddings([10_000] if args.quick else [10_000, 32_768], args.block)
+    if not args.skip_embeddings:
+        part_embeddings([10_000] if args.quick else [10_000, 32_768], args.block)
+    if args.layouts:
+        part_layouts(args.layout_size, (128, 512), args.noise, args.repeat, args.block)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from rl_gap.metrics.distractor import distractor_metrics
 from rl_gap.metrics.functional.arguments import check_block_size, precision_tag
 from rl_gap.metrics.functional.engine import state_from_embeddings
 from rl_gap.metrics.functional.ranking import global_f1_from_state
+from rl_gap.metrics.functional.sharding import Shard, process_group_shard
 from rl_gap.metrics.functional.suite import (
     check_suite_arguments,
     embedding_protocol_states,
@@ -60,13 +61,15 @@ def retrieval_state(
     labels: torch.Tensor,
     query_positions: torch.Tensor | None = None,
     block_size: int = 2048,
+    shard: Shard | None = None,
 ):
     """Exact retrieval state of an evaluation set (distractor queries in their own group).
 
     ``query_positions=None``: every item is a query against all others
     (leave-one-out). Otherwise those rows are the queries against the whole
     set, each without itself (iNaturalist: 4 queries per class). Both run the
-    blocked engine: memory never holds the Q × D matrix.
+    blocked engine: memory never holds the Q × D matrix. ``shard``: the processes
+    split the engine's blocks (``rl_gap.metrics.functional.sharding``).
     """
     _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
     has_positive = (counts[inverse] - 1).cpu() > 0  # another item of the same class exists
@@ -74,14 +77,14 @@ def retrieval_state(
         group, num_groups = query_groups(has_positive)
         return state_from_embeddings(
             embeddings, embeddings, labels, labels, exclude_self=True, block_size=block_size,
-            query_group=group, num_groups=num_groups,
+            query_group=group, num_groups=num_groups, shard=shard,
         )  # fmt: skip
     query_positions = query_positions.to(embeddings.device)
     group, num_groups = query_groups(has_positive[query_positions.cpu()])
     return state_from_embeddings(
         embeddings[query_positions], embeddings, labels[query_positions], labels,
         query_index=query_positions, block_size=block_size, query_group=group,
-        num_groups=num_groups,
+        num_groups=num_groups, shard=shard,
     )  # fmt: skip
 
 
@@ -95,6 +98,7 @@ def evaluation_metrics(
     map_at: tuple[int, ...] = (),
     protocol_seed: int = 0,
     block_size: int = 2048,
+    shard: Shard | None = None,
 ):
     """Metrics of an evaluation split as the papers report them; returns ``(metrics, state)``.
 
@@ -105,23 +109,27 @@ def evaluation_metrics(
       work (iNaturalist: all 136,093 test images), whatever the query subset;
     - the threshold protocol ranks each half of the classes as its own problem:
       the half's queries against the half's items (``protocol.py``).
+
+    ``shard`` (every process passing the same gathered set): the processes split
+    each engine pass's blocks and sum its exact counts, so each returns the
+    one-process values (``rl_gap.metrics.functional.sharding``).
     """
-    state = retrieval_state(embeddings, labels, query_positions, block_size)
+    state = retrieval_state(embeddings, labels, query_positions, block_size, shard)
     recall_state = None
     if query_positions is not None and ks:
-        recall_state = retrieval_state(embeddings, labels, None, block_size)
+        recall_state = retrieval_state(embeddings, labels, None, block_size, shard)
     try:
         if query_positions is None:
             halves = embedding_protocol_states(
                 embeddings, None, labels, labels, exclude_self=True, precisions=precisions,
-                seed=protocol_seed, block_size=block_size,
+                seed=protocol_seed, block_size=block_size, shard=shard,
             )  # fmt: skip
         else:
             query_positions = query_positions.to(embeddings.device)
             halves = embedding_protocol_states(
                 embeddings[query_positions], embeddings, labels[query_positions], labels,
                 query_index=query_positions.cpu(), precisions=precisions, seed=protocol_seed,
-                block_size=block_size,
+                block_size=block_size, shard=shard,
             )  # fmt: skip
     except ValueError as error:
         # e.g. one class in a tiny evaluation split: the other metrics still stand
@@ -148,6 +156,11 @@ class RetrievalEvaluation(Callback):
         protocol_seed: seed of the class split of the threshold protocol.
         block_size: GEMM block of the metric engine.
         max_plot_points: PR-curve points kept for plotting.
+        sharded: under DDP, every rank scores and counts its share of the engine's
+            blocks and the exact counts are summed (``sharding.py``): the metrics
+            equal one process's, at ~1/W of the scoring work per rank. False: rank 0
+            scores every pair. Distractor-role tasks (``evaluation_roles``) are
+            always scored on rank 0.
     """
 
     def __init__(
@@ -159,8 +172,10 @@ class RetrievalEvaluation(Callback):
         protocol_seed: int = 0,
         block_size: int = 2048,
         max_plot_points: int = 2000,
+        sharded: bool = True,
     ) -> None:
         self.plots = plots
+        self.sharded = bool(sharded)
         # checked here, at construction, not after the first training epoch
         self.ks, (self.precision,), self.map_at, _ = check_suite_arguments(ks, (precision,), map_at)
         self.protocol_seed = protocol_seed
@@ -240,11 +255,15 @@ class RetrievalEvaluation(Callback):
         emb, labels, indices = self._gathered(pl_module)
         metrics: dict[str, float] = {}
         error: BaseException | None = None
-        if trainer.is_global_zero:
+        # Every rank holds the same gathered set: sharded, each scores its share of
+        # the blocks (the same inputs on every rank, so a bad input fails everywhere
+        # before the engine's first collective).
+        roles = self._roles(trainer, stage, indices)
+        shard = process_group_shard() if self.sharded and roles is None else None
+        if trainer.is_global_zero or shard is not None:
             try:
                 if emb.shape[0] < 2:
                     raise ValueError(f"{stage}: need at least 2 embedded items, got {emb.shape[0]}")
-                roles = self._roles(trainer, stage, indices)
                 if roles is not None:  # queries vs a database (rl_gap.metrics.distractor)
                     metrics, state = distractor_metrics(
                         emb, labels, roles, ks=self.ks, precisions=(self.precision,),
@@ -256,9 +275,9 @@ class RetrievalEvaluation(Callback):
                     metrics, state = evaluation_metrics(
                         emb, labels, queries, ks=self.ks, precisions=(self.precision,),
                         map_at=self.map_at, protocol_seed=self.protocol_seed,
-                        block_size=self.block_size,
+                        block_size=self.block_size, shard=shard,
                     )  # fmt: skip
-                if self.plots:
+                if self.plots and trainer.is_global_zero:
                     self._plot(trainer, state, stage)
             except Exception as exc:  # every rank must learn of it, or they hang below
                 error = exc
@@ -266,10 +285,12 @@ class RetrievalEvaluation(Callback):
         # error on rank 0 must reach them (else they would hang in the next collective).
         message = None if error is None else f"{type(error).__name__}: {error}"
         metrics, message = trainer.strategy.broadcast((metrics, message), src=0)
+        if error is not None and trainer.is_global_zero:
+            raise error
+        if message is not None:  # every rank fails with rank 0's error
+            raise RuntimeError(f"{stage} evaluation failed on rank 0: {message}") from error
         if error is not None:
             raise error
-        if message is not None:
-            raise RuntimeError(f"{stage} evaluation failed on rank 0: {message}")
         self.last_metrics = {f"{stage}/{k}": v for k, v in metrics.items()}
         for key, value in self.last_metrics.items():
             pl_module.log(key, value, prog_bar=key.endswith(("/gap", "/map")), sync_dist=False)

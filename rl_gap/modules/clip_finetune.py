@@ -21,6 +21,7 @@ from torch import nn
 from rl_gap import dist
 from rl_gap.data.image_text import RETRIEVAL_IMAGES, RETRIEVAL_TEXTS, ZERO_SHOT
 from rl_gap.metrics.functional import evaluate_embeddings
+from rl_gap.metrics.functional.sharding import Shard, process_group_shard
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder
 from rl_gap.modules.base import RankingModule
@@ -291,8 +292,9 @@ class CLIPFineTuneModule(RankingModule):
                 raise ValueError(f"retrieval set {name!r} needs both an image and a text loader")
             images, image_groups = self._collected(roles[RETRIEVAL_IMAGES])
             texts, text_groups = self._collected(roles[RETRIEVAL_TEXTS])
+            # Every rank holds the same gathered sets: each scores its share of the blocks.
             for direction, out in retrieval_metrics(
-                images, texts, image_groups, text_groups
+                images, texts, image_groups, text_groups, process_group_shard()
             ).items():
                 for key, value in out.items():
                     metrics[f"{stage}/{name}/{direction}_{key}"] = value
@@ -333,12 +335,15 @@ def retrieval_metrics(
     texts: torch.Tensor,
     image_groups: torch.Tensor,
     text_groups: torch.Tensor,
+    shard: Shard | None = None,
 ) -> dict[str, dict[str, float]]:
     """Image→text and text→image metrics with caption groups as relevance.
 
     Args:
         images: (I, E) unit-norm image embeddings; ``image_groups`` (I,).
         texts: (T, E) unit-norm caption embeddings; ``text_groups`` (T,).
+        shard: processes holding the same sets split the engine's blocks
+            (``rl_gap.metrics.functional.sharding``); the values are one process's.
 
     Returns:
         ``{"i2t": {...}, "t2i": {...}}``, each with ``LOGGED_RETRIEVAL_KEYS``
@@ -349,6 +354,6 @@ def retrieval_metrics(
         "i2t": (images, texts, image_groups, text_groups),
         "t2i": (texts, images, text_groups, image_groups),
     }.items():
-        result = evaluate_embeddings(q, d, ql, dl, ks=RECALL_KS, ceiling=False)
+        result = evaluate_embeddings(q, d, ql, dl, ks=RECALL_KS, ceiling=False, shard=shard)
         out[direction] = {k: float(result[k]) for k in LOGGED_RETRIEVAL_KEYS if k in result}
     return out

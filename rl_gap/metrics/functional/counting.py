@@ -23,11 +23,22 @@ import torch
 from torch import Tensor
 
 from rl_gap.metrics.functional import native
+from rl_gap.metrics.functional import state as _state
 from rl_gap.metrics.functional.state import GridLookup, unique_sorted
 
 __all__ = ["NegativeCounter", "suffix_sum"]
 
 NATIVE_MIN_PAIRS = 1 << 16  # smaller blocks use eager ops
+
+
+def _histogram(keys: Tensor, size: int) -> Tensor:
+    """Counts of ``keys`` (int64, all in [0, size)) in ``size`` bins. ``bincount`` on an
+    accelerator reads its maximum back to the host; ``index_add_`` into a known size
+    does not (integer sums: any order gives the same counts)."""
+    if _state.on_host(keys):
+        return torch.bincount(keys, minlength=size)
+    out = torch.zeros(size, dtype=torch.long, device=keys.device)
+    return out.index_add_(0, keys, torch.ones_like(keys))
 
 
 def suffix_sum(hist: Tensor) -> Tensor:
@@ -75,6 +86,8 @@ class NegativeCounter:
         own_counts = torch.bincount(own_query, minlength=num_queries)
         self.own_offsets = torch.zeros(num_queries + 1, dtype=torch.long, device=device)
         self.own_offsets[1:] = torch.cumsum(own_counts, 0)
+        # Host copy: block bounds and widths are read from it, not from the device.
+        self._own_offsets_host = self.own_offsets.cpu()
         # Position of each positive among its query's own distinct values.
         self.pos_own = torch.searchsorted(own_key, key) - self.own_offsets[pos_query]
         self.pos_query = pos_query
@@ -135,40 +148,41 @@ class NegativeCounter:
             if mirror_start is not None:
                 mirror = self.query_group[mirror_start : mirror_start + scores.shape[1]]
                 keys = torch.cat([keys, counts + (mirror * width).unsqueeze(0)])
-            self.global_hist += global_weight * torch.bincount(
-                keys.view(-1), minlength=self.global_hist.numel()
-            )
+            self.global_hist += global_weight * _histogram(keys.view(-1), self.global_hist.numel())
         self._add_rows_eager(counts, start, stop)
         if self.boot_knot_index is not None:
             local = self.boot_lut[counts]
             local += (torch.arange(stop - start, device=local.device) * self.boot_width)[:, None]
             part = self.boot_hist[start * self.boot_width : stop * self.boot_width]
-            part += torch.bincount(local.view(-1), minlength=part.numel())
+            part += _histogram(local.view(-1), part.numel())
 
     def _add_rows_eager(self, counts: Tensor, start: int, stop: int) -> None:
-        """Per-row bins: #own distinct positives with grid position < g (batched search)."""
-        lo, hi = self.own_offsets[start], self.own_offsets[stop]
-        num_own = self.own_offsets[start + 1 : stop + 1] - self.own_offsets[start:stop]
-        width = int(num_own.max()) if num_own.numel() else 0
+        """Per-row bins: #own distinct positives with grid position < g (batched search).
+        Sizes come from the host copy of the offsets: no device read-back per block."""
+        host = self._own_offsets_host
+        lo, hi = int(host[start]), int(host[stop])
+        num_own_host = host[start + 1 : stop + 1] - host[start:stop]
+        width = int(num_own_host.max()) if num_own_host.numel() else 0
         if width == 0:
             return
         rows = stop - start
+        device = counts.device
+        num_own = num_own_host.to(device)
         # (R, width) own grid positions, padded with G + 1 (never < g).
-        padded = torch.full(
-            (rows, width), self.grid_size + 1, dtype=torch.long, device=counts.device
+        padded = torch.full((rows, width), self.grid_size + 1, dtype=torch.long, device=device)
+        row_of = torch.repeat_interleave(
+            torch.arange(rows, device=device), num_own, output_size=hi - lo
         )
-        row_of = torch.repeat_interleave(torch.arange(rows, device=counts.device), num_own)
-        col_of = torch.arange(int(hi - lo), device=counts.device) - (
-            self.own_offsets[start:stop] - lo
-        ).repeat_interleave(num_own)
+        first_own = self.own_offsets[start:stop] - lo
+        col_of = torch.arange(hi - lo, device=device) - torch.repeat_interleave(
+            first_own, num_own, output_size=hi - lo
+        )
         padded[row_of, col_of] = self.own_index[lo:hi]
         local = torch.searchsorted(padded, counts, right=False)  # #own positions < g
-        base = self.own_offsets[start:stop] - lo + torch.arange(rows, device=counts.device)
+        base = first_own + torch.arange(rows, device=device)
         keys = local + base[:, None]
-        size = int(hi - lo) + rows
-        bins = torch.bincount(keys.view(-1), minlength=size)
-        first = int(lo) + start
-        self.row_hist[first : first + size] += bins
+        size = hi - lo + rows
+        self.row_hist[lo + start : lo + start + size] += _histogram(keys.view(-1), size)
 
     def _use_native(self, scores: Tensor) -> bool:
         if (
@@ -213,6 +227,19 @@ class NegativeCounter:
                 self.boot_hist if boot else None, self.boot_width, global_weight, threads,
                 transposed, mirror_start,
             )  # fmt: skip
+
+    def merge(self, shard) -> None:
+        """Sum the counts over the processes of a sharded evaluation (``sharding.py``);
+        every process then holds the counts of every block."""
+        from rl_gap.metrics.functional.sharding import merge_sum
+
+        if self._thread_hists is not None:
+            self.global_hist += self._thread_hists.sum(0)
+            self._thread_hists = None
+        parts = [self.global_hist, self.row_hist]
+        if self.boot_knot_index is not None:
+            parts.append(self.boot_hist)
+        merge_sum(parts, shard)
 
     def finish(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Returns ``(pos_neg_ge (P,), grid_neg_ge (groups, G), boot_neg_ge (Q, B) | None)``."""

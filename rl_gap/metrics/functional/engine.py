@@ -11,7 +11,10 @@ by label so positives sit in few blocks:
    (``NegativeCounter``: O(1) per pair).
 
 Blocks of step 1 are kept for step 2 within ``cache_bytes``. Memory is
-O(P + groups·G + block) besides the embeddings. Leave-one-out on one embedding
+O(P + groups·G + block) besides the embeddings: the database is read one column
+block at a time (label permutation applied per block, widened to the scoring dtype
+and moved to the scoring device per block), so a memory-mapped or float16 database
+is never copied whole. Leave-one-out on one embedding
 set computes only the blocks on and above the diagonal (the scores are
 symmetric): each unordered pair is scored once and counted for both queries.
 """
@@ -32,6 +35,7 @@ from rl_gap.metrics.functional.engine_inputs import (
     positive_pairs_from_labels,
     relevant_pairs_from_fn,
 )
+from rl_gap.metrics.functional.sharding import Shard, merge_sum
 from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
@@ -60,6 +64,23 @@ def _same_data(a: Tensor, b: Tensor) -> bool:
         and a.stride() == b.stride()
         and a.data_ptr() == b.data_ptr()
     )
+
+
+def _check_rows(rows, size: int, name: str) -> Tensor | None:
+    """Validated (N,) int64 CPU row indices into a tensor of ``size`` rows (or None)."""
+    if rows is None:
+        return None
+    rows = as_tensor(rows, name)
+    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
+        raise ValueError(
+            f"{name} must be a 1-D integer index, got {rows.dtype} {tuple(rows.shape)}"
+        )
+    rows = rows.long().cpu()
+    if rows.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if int(rows.min()) < 0 or int(rows.max()) >= size:
+        raise ValueError(f"{name} index out of range [0, {size})")
+    return rows
 
 
 def _blocks(size: int, step: int) -> list[tuple[int, int]]:
@@ -94,6 +115,10 @@ def _state_from_embeddings(
     symmetric: bool | None = None,
     heavy_threads: int = 1,
     extra_grid: Tensor | None = None,
+    query_rows: Tensor | None = None,
+    database_rows: Tensor | None = None,
+    query_offsets: Tensor | None = None,
+    shard: Shard | None = None,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -120,6 +145,15 @@ def _state_from_embeddings(
         heavy_threads: CPU threads for the GEMM blocks and the counting kernel.
         extra_grid: optional scores added to the grid (``merge_grid``): negatives are
             counted exactly at each (the threshold protocol's fitted thresholds).
+        query_rows / database_rows: optional (Q,) / (D,) int64 rows of ``queries`` /
+            ``database`` that form the problem (a subset, read per block, never copied);
+            labels, indices and groups refer to the subset. The same tensor for both,
+            with ``exclude_self``, is leave-one-out on that subset.
+        query_offsets: optional (Q,) per-query shifts: scores are ``q . d - offset[q]``
+            (query-side score normalisation, ``score_norm.py``).
+        shard: sharded evaluation (``sharding.py``): every process passes the same
+            inputs, scores and counts the blocks it owns, and the counts are summed;
+            every process returns the one-process state.
     """
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
@@ -131,7 +165,11 @@ def _state_from_embeddings(
         raise ValueError(
             f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"
         )
-    num_q, num_d = queries.shape[0], database.shape[0]
+    same_rows = query_rows is database_rows
+    query_rows = _check_rows(query_rows, queries.shape[0], "query_rows")
+    database_rows = _check_rows(database_rows, database.shape[0], "database_rows")
+    num_q = queries.shape[0] if query_rows is None else query_rows.numel()
+    num_d = database.shape[0] if database_rows is None else database_rows.numel()
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
     device = torch.device(device) if device is not None else queries.device
     dtype = compute_dtype_for(torch.promote_types(queries.dtype, database.dtype))
@@ -182,8 +220,25 @@ def _state_from_embeddings(
 
     # ---- step 1: positive scores from the blocks that hold them
     row_blocks, col_blocks = _blocks(num_q, rows_step), _blocks(num_d, cols_step)
-    db_sorted = database[perm_d] if relevant_pairs is None else database
-    db_dev = db_sorted.to(device=device, dtype=dtype)
+    # Source rows of the sorted problem's queries / database items, read per block.
+    q_source = perm_q if query_rows is None else query_rows[perm_q]
+    d_order = perm_d if relevant_pairs is None else None
+    if database_rows is not None:
+        d_order = database_rows if d_order is None else database_rows[d_order]
+    q_shift = None  # per sorted query: its score offset
+    if query_offsets is not None:
+        q_shift = as_tensor(query_offsets, "query_offsets")
+        if q_shift.shape != (num_q,):
+            raise ValueError(
+                f"query_offsets must be ({num_q},) (one per query), got {tuple(q_shift.shape)}"
+            )
+        q_shift = q_shift.to(device=device, dtype=dtype)[perm_q.to(device)]
+
+    def db_block(c0: int, c1: int) -> Tensor:
+        """Sorted database rows c0..c1 on the scoring device, in the scoring dtype."""
+        rows = database[c0:c1] if d_order is None else database[d_order[c0:c1]]
+        return rows.to(device=device, dtype=dtype)
+
     # Leave-one-out on one embedding set: the score matrix is symmetric, so only
     # blocks on or above the diagonal are computed; block (r, c) also stands for
     # (c, r). Pair (j, i) gets the very value computed for (i, j) (one tie, never
@@ -193,13 +248,15 @@ def _state_from_embeddings(
         and exclude_self
         and relevant_pairs is None
         and _same_data(database, queries)
+        and same_rows
+        and q_shift is None
         and rows_step == cols_step
     )
 
     def query_block(r0: int, r1: int) -> Tensor:
         if symmetric:
-            return db_dev[r0:r1]
-        return queries[perm_q[r0:r1]].to(device=device, dtype=dtype)
+            return db_block(r0, r1)
+        return queries[q_source[r0:r1]].to(device=device, dtype=dtype)
 
     def mask_self(block: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
         if self_col is None:
@@ -212,19 +269,30 @@ def _state_from_embeddings(
     reusable: list[Tensor] = []
 
     def gemm(
-        r0: int, r1: int, c0: int, c1: int, q_blk: Tensor | None = None, reuse: bool = False
+        r0: int,
+        r1: int,
+        c0: int,
+        c1: int,
+        q_blk: Tensor | None = None,
+        reuse: bool = False,
+        d_blk: Tensor | None = None,
     ) -> Tensor:
         """Score block; ``reuse`` writes it into one recycled buffer (a fresh 16 MB
         block costs milliseconds of page faults), valid until the next such call."""
         q_blk = query_block(r0, r1) if q_blk is None else q_blk
+        d_blk = db_block(c0, c1) if d_blk is None else d_blk
         with torch_threads(heavy_threads), autocast_disabled(device):
             if not reuse:
-                return q_blk @ db_dev[c0:c1].T
-            if not reusable:
-                size = min(rows_step, num_q) * min(cols_step, num_d)
-                reusable.append(torch.empty(size, dtype=dtype, device=device))
-            out = reusable[0][: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
-            return torch.mm(q_blk, db_dev[c0:c1].T, out=out)
+                out = q_blk @ d_blk.T
+            else:
+                if not reusable:
+                    size = min(rows_step, num_q) * min(cols_step, num_d)
+                    reusable.append(torch.empty(size, dtype=dtype, device=device))
+                out = reusable[0][: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
+                torch.mm(q_blk, d_blk.T, out=out)
+            if q_shift is not None:
+                out.sub_(q_shift[r0:r1, None])
+            return out
 
     n_col_blocks = len(col_blocks)
     # Where each positive's score is read: (row, column) of its block.
@@ -239,11 +307,15 @@ def _state_from_embeddings(
     ids, counts = torch.unique_consecutive(block_id, return_counts=True)
     bounds = torch.cumsum(counts, 0).tolist()
     block_pairs: dict[int, tuple[Tensor, Tensor]] = {}
-    pos_scores = torch.empty(q_idx.numel(), dtype=dtype, device=device)
+    # Sharded: entries of blocks owned elsewhere stay 0 until the sum over processes.
+    pos_scores = torch.zeros(q_idx.numel(), dtype=dtype, device=device)
     cache: dict[int, Tensor] = {}
     cached = 0
     start = 0
     for bid, stop in zip(ids.tolist(), bounds):
+        if shard is not None and not shard.owns(bid):
+            start = stop
+            continue
         rb, cb = divmod(bid, n_col_blocks)
         (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
         rows = (read_q[start:stop] - r0).to(device)
@@ -258,6 +330,8 @@ def _state_from_embeddings(
             cache[bid] = block
             cached += block_bytes
         start = stop
+    if shard is not None:
+        merge_sum([pos_scores], shard)
     if not bool(torch.isfinite(pos_scores).all()):
         raise ValueError("scores overflow to inf: embeddings too large for the scoring dtype")
 
@@ -287,29 +361,43 @@ def _state_from_embeddings(
             grid, offsets, pos_grid_index, compact_group.to(device), used.numel(), knots
         )
         # ---- step 2: every block, negatives only
-        for rb, (r0, r1) in enumerate(row_blocks):
-            q_blk = query_block(r0, r1)
-            for cb, (c0, c1) in enumerate(col_blocks):
-                if symmetric and cb < rb:
+        visits = [
+            (rb, cb)
+            for rb in range(len(row_blocks))
+            for cb in range(n_col_blocks)
+            if not (symmetric and cb < rb)
+        ]
+        if num_d > num_q:  # column blocks outermost: the database streams once per pass
+            visits.sort(key=lambda visit: (visit[1], visit[0]))
+        q_key = d_key = None
+        for rb, cb in visits:
+            bid = rb * n_col_blocks + cb
+            if shard is not None and not shard.owns(bid):
+                continue
+            (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
+            block = cache.pop(bid, None)
+            if block is None:  # read the outer block once, the inner one per visit
+                if q_key != rb:
+                    q_blk, q_key = query_block(r0, r1), rb
+                if d_key != cb:
+                    d_blk, d_key = db_block(c0, c1), cb
+                block = gemm(r0, r1, c0, c1, q_blk, reuse=True, d_blk=d_blk)
+                if bid in block_pairs:
+                    rows, cols = block_pairs[bid]
+                    block[rows, cols] = float("-inf")
+                mask_self(block, r0, r1, c0, c1)
+            with torch_threads(heavy_threads):
+                if not symmetric or cb == rb:
+                    counter.add(block, r0)
                     continue
-                bid = rb * n_col_blocks + cb
-                block = cache.pop(bid, None)
-                if block is None:
-                    block = gemm(r0, r1, c0, c1, q_blk, reuse=True)
-                    if bid in block_pairs:
-                        rows, cols = block_pairs[bid]
-                        block[rows, cols] = float("-inf")
-                    mask_self(block, r0, r1, c0, c1)
-                with torch_threads(heavy_threads):
-                    if not symmetric or cb == rb:
-                        counter.add(block, r0)
-                        continue
-                    # Positives of the column queries sit at the mirrored places
-                    # (labels are symmetric), so the masked block serves both sides:
-                    # the row pass counts each score globally for both queries, the
-                    # transposed pass adds the column queries' own counts.
-                    counter.add(block, r0, mirror_start=c0)
-                    counter.add(block, c0, global_weight=0, transposed=True)
+                # Positives of the column queries sit at the mirrored places
+                # (labels are symmetric), so the masked block serves both sides:
+                # the row pass counts each score globally for both queries, the
+                # transposed pass adds the column queries' own counts.
+                counter.add(block, r0, mirror_start=c0)
+                counter.add(block, c0, global_weight=0, transposed=True)
+        if shard is not None:
+            counter.merge(shard)
         pos_neg_ge, used_neg_ge, boot = counter.finish()
         grid_neg_ge = used_neg_ge.new_zeros((num_groups, grid.numel()))
         grid_neg_ge[used.to(device)] = used_neg_ge

@@ -61,25 +61,38 @@ def _wide(x: Tensor, name: str) -> Tensor:
 
 
 def background_offsets(
-    queries: Tensor, background: Tensor, norm: ScoreNorm = ScoreNorm(), block_size: int = 8192
+    queries: Tensor,
+    background: Tensor,
+    norm: ScoreNorm = ScoreNorm(),
+    block_size: int = 8192,
+    device: torch.device | str | None = None,
 ) -> Tensor:
     """Per-query offsets ``beta * mean of the first..last highest background similarities``.
 
     Scores are dot products (L2-normalise beforehand for cosine), computed in
     float32 (float64 kept) with autocast off, in blocks of ``block_size``
-    background rows: memory O(Q * (last + 1 + block_size)).
+    background rows: memory O(Q * (last + 1 + block_size)). The background is read
+    one block at a time (a memory map or float16 array is never copied whole) and
+    each block moved to the scoring device.
 
     Args:
         queries: (Q, dim) query embeddings.
         background: (B, dim) background embeddings, B > ``norm.last``.
         norm: beta and neighbour ranks.
         block_size: background rows scored at once.
+        device: where to score (default: the queries' device).
 
     Returns:
         (Q,) offsets, float32 (float64 for float64 inputs).
     """
-    q = _wide(queries, "query embeddings")
-    b = _wide(background, "background embeddings")
+    if not isinstance(background, Tensor):
+        raise ValueError(
+            f"background embeddings must be a torch tensor, got {type(background).__name__}"
+        )
+    check_embeddings(background, "background embeddings")
+    device = torch.device(device) if device is not None else queries.device
+    q = _wide(queries, "query embeddings").to(device)
+    b = background
     if q.shape[1] != b.shape[1]:
         raise ValueError(f"queries have dim {q.shape[1]} but the background has dim {b.shape[1]}")
     keep = norm.last + 1
@@ -91,11 +104,12 @@ def background_offsets(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     dtype = torch.float64 if torch.float64 in (q.dtype, b.dtype) else torch.float32
-    q, b = q.to(dtype), b.to(dtype=dtype, device=q.device)
+    q = q.to(dtype)
     top = torch.full((q.shape[0], 0), float("-inf"), dtype=dtype, device=q.device)
     with autocast_disabled(q):
         for start in range(0, b.shape[0], block_size):
-            scores = q @ b[start : start + block_size].T
+            rows = b[start : start + block_size].to(dtype=dtype, device=q.device)
+            scores = q @ rows.T
             merged = torch.cat([top, scores], dim=1)
             top = torch.topk(merged, min(keep, merged.shape[1]), dim=1).values
     return norm.beta * top[:, norm.first : norm.last + 1].mean(dim=1)

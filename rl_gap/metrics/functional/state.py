@@ -30,7 +30,14 @@ __all__ = [
     "argsort_stable",
     "unique_sorted",
     "torch_threads",
+    "on_host",
 ]
+
+
+def on_host(x: Tensor) -> bool:
+    """Whether ``x`` is counted by the host (CPU) paths; False selects the
+    accelerator paths, which read nothing back to the host per block."""
+    return x.device.type == "cpu"
 
 
 @contextmanager
@@ -160,6 +167,10 @@ class GridLookup:
 
     def count_le(self, x: Tensor) -> Tensor:
         """``#{grid values <= x}`` for every element of ``x`` (int64, same shape)."""
+        if not on_host(x):
+            # On an accelerator one search per element is cheap, and the cell path's
+            # masked refinement would wait for the host twice per block.
+            return torch.searchsorted(self.grid, x.contiguous(), right=True)
         cells = self.cell(x)
         counts = self.base[cells].long()
         refine = self.occupied[cells]

@@ -28,7 +28,8 @@ from rl_gap.metrics.functional.protocol import (
     protocol_states,
     threshold_protocol_from_states,
 )
-from rl_gap.metrics.functional.score_norm import ScoreNorm, background_offsets, offset_embeddings
+from rl_gap.metrics.functional.score_norm import ScoreNorm, background_offsets
+from rl_gap.metrics.functional.sharding import Shard
 from rl_gap.metrics.functional.state import RetrievalState, torch_threads
 
 __all__ = [
@@ -150,6 +151,7 @@ def embedding_protocol_states(
     query_index: Tensor | None = None,
     precisions: tuple[float, ...] = (0.9,),
     seed: int = 0,
+    query_offsets: Tensor | None = None,
     **engine_kwargs,
 ) -> tuple[RetrievalState, RetrievalState]:
     """The threshold protocol's (fit, eval) problems from embeddings (``protocol.py``):
@@ -159,9 +161,11 @@ def embedding_protocol_states(
         queries / database: (Q, dim) / (D, dim) embeddings (database None = queries).
         query_labels / database_labels: (Q,) / (D,) integer labels.
         exclude_self / query_index: self pairs, as in ``state_from_embeddings``.
-        engine_kwargs: ``block_size``, ``device``, ``cache_bytes`` of the engine.
+        query_offsets: optional (Q,) score shifts (query-side normalisation).
+        engine_kwargs: ``block_size``, ``device``, ``cache_bytes``, ``shard`` of the engine.
     """
-    database = queries if database is None else database
+    queries = as_tensor(queries, "queries")
+    database = queries if database is None else as_tensor(database, "database")
     query_labels = check_labels(
         as_tensor(query_labels, "query_labels").cpu(), len(queries), "query_labels"
     )
@@ -179,19 +183,23 @@ def embedding_protocol_states(
                 f"threshold protocol: the {('fit', 'eval')[half]} half of the classes has no "
                 "database item"
             )
-        q_sub, q_lab = queries[q_rows], query_labels[q_rows]
+        # Each half reads its rows block by block (query_rows / database_rows): no copy.
+        q_lab = query_labels[q_rows]
+        shift = None if query_offsets is None else query_offsets[q_rows]
         if exclude_self:
             return state_from_embeddings(
-                q_sub, q_sub, q_lab, q_lab, exclude_self=True, extra_grid=extra, **engine_kwargs
-            )
+                queries, queries, q_lab, q_lab, exclude_self=True, extra_grid=extra,
+                query_rows=q_rows, database_rows=q_rows, query_offsets=shift, **engine_kwargs,
+            )  # fmt: skip
         index = None
         if self_index is not None:
             position = torch.full((len(database),), -1, dtype=torch.long)
             position[d_rows] = torch.arange(d_rows.numel())
             index = position[self_index[q_rows]]  # a query's row has its label: same half
         return state_from_embeddings(
-            q_sub, database[d_rows], q_lab, database_labels[d_rows], query_index=index,
-            extra_grid=extra, **engine_kwargs,
+            queries, database, q_lab, database_labels[d_rows], query_index=index,
+            extra_grid=extra, query_rows=q_rows, database_rows=d_rows, query_offsets=shift,
+            **engine_kwargs,
         )  # fmt: skip
 
     return protocol_states(build, precisions)
@@ -228,6 +236,7 @@ def evaluate_embeddings(
     cache_bytes: int = 512 << 20,
     background=None,
     score_norm: ScoreNorm | None = None,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
@@ -245,7 +254,9 @@ def evaluate_embeddings(
     ``background`` ((B, dim) embeddings): rank query-side normalised scores
     ``q . d - beta * mean of q's top background scores`` (``score_norm.py``;
     ``score_norm`` default ``ScoreNorm()``, SSCD's beta 1, neighbours 0..2).
-    See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
+    ``shard`` (``sharding.py``): processes holding the same inputs split the
+    engine's blocks and sum its exact counts; every process gets the one-process
+    values. See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
     the engine. Returns Python floats.
 
     Example:
@@ -274,15 +285,20 @@ def evaluate_embeddings(
     num_q = queries_t.shape[0]
     num_d = num_q if database is None else database.shape[0]
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
+    offsets = None
     if background is not None:  # query-side score normalisation (score_norm.py)
+        # The engine subtracts each query's offset from its score blocks, so the
+        # database is still read block-wise (no augmented copy).
         offsets = background_offsets(
-            queries_t, as_tensor(background, "background"), score_norm or ScoreNorm()
-        )
-        queries_t, database = offset_embeddings(
-            queries_t, queries_t if database is None else database, offsets
+            queries_t,
+            as_tensor(background, "background"),
+            score_norm or ScoreNorm(),
+            block_size=block_size if isinstance(block_size, int) else block_size[1],
+            device=device,
         )
         if exclude_self:  # shifted scores are not symmetric: self pairs by index
             query_index, exclude_self = self_index, False
+            database = queries_t if database is None else database
     elif score_norm is not None:
         raise ValueError("score_norm needs background embeddings (background=)")
     if relevance_fn is not None:
@@ -318,18 +334,21 @@ def evaluate_embeddings(
         d_lab = check_labels(d_lab, num_d, "database_labels")
         has_positive = _positives_per_query(q_lab, d_lab, self_index is not None) > 0
     group, num_groups = query_groups(has_positive)
-    engine = {"block_size": block_size, "device": device, "cache_bytes": cache_bytes}
+    engine = {
+        "block_size": block_size, "device": device, "cache_bytes": cache_bytes, "shard": shard,
+    }  # fmt: skip
     state = state_from_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
         query_index=query_index, relevant_pairs=relevant_pairs, query_group=group,
         num_groups=num_groups, bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0,
-        validated=True, **engine,
+        validated=True, query_offsets=offsets, **engine,
     )  # fmt: skip
     halves = None
     if protocol:
         halves = embedding_protocol_states(
             queries_t, database, q_lab, d_lab, exclude_self=exclude_self,
-            query_index=query_index, precisions=precisions, seed=seed, **engine,
+            query_index=query_index, precisions=precisions, seed=seed, query_offsets=offsets,
+            **engine,
         )  # fmt: skip
     return metrics_from_state(state, ks, precisions, map_at, ceiling, halves, bootstrap, seed)
 
