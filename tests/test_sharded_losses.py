@@ -38,7 +38,10 @@ def configs() -> dict[str, tuple[str, dict]]:
             out[f"{name}/drop"] = (name, {"neg_drop": DROP})
     for impl in ("exact", "fast", "auto"):
         for drop in (0.0, DROP):
-            out[f"gsap/{impl}/{drop}"] = ("gsap", {"impl": impl, "neg_drop": drop, "temperature": 0.05})
+            out[f"gsap/{impl}/{drop}"] = (
+                "gsap",
+                {"impl": impl, "neg_drop": drop, "temperature": 0.05},
+            )
     out["infonce/sym/learn"] = ("infonce", {"symmetric": True, "learnable_scale": True})
     out["infonce/sym"] = ("infonce", {"symmetric": True, "temperature": 0.1})
     out["siglip/fixed"] = ("siglip", {"learnable": False})
@@ -49,8 +52,12 @@ def configs() -> dict[str, tuple[str, dict]]:
 
 def make_matrix(kind: str):
     gen = torch.Generator().manual_seed(3)
-    q = torch.nn.functional.normalize(torch.randn(ROWS, 4, generator=gen, dtype=torch.float64), dim=1)
-    d = torch.nn.functional.normalize(torch.randn(COLS, 4, generator=gen, dtype=torch.float64), dim=1)
+    q = torch.nn.functional.normalize(
+        torch.randn(ROWS, 4, generator=gen, dtype=torch.float64), dim=1
+    )
+    d = torch.nn.functional.normalize(
+        torch.randn(COLS, 4, generator=gen, dtype=torch.float64), dim=1
+    )
     sim = q @ d.T
     if kind == "ties":
         sim = torch.round(sim * 8) / 8
@@ -128,9 +135,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 
 def _run(tmp_path: Path, world: int) -> list[dict]:
-    mp.spawn(
-        _worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True
-    )
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 

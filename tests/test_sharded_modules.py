@@ -109,7 +109,9 @@ def grads(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank: int, init_file: str, out_dir: str, cases: list) -> None:
-    torch_dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch_dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
     warnings.filterwarnings("ignore")
     try:
         rows = slice(sum(SPLIT[:rank]), sum(SPLIT[: rank + 1]))
