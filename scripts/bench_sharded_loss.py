@@ -12,7 +12,8 @@ timed *loss step* is what a module's training step does after the encoder:
 
 Figures per rank (the table shows the largest over ranks):
 - ``time``: median over ``--reps`` steps after one warmup step, seconds;
-- ``peak``: peak extra resident memory of one step: the kernel's peak-RSS
+- ``peak``: peak extra resident memory of one step after the warmup step
+  (the largest over the timed steps): the kernel's peak-RSS
   counter (VmHWM) is reset via ``/proc/self/clear_refs`` right before the
   step and read after it, minus the RSS before (glibc's mmap threshold is
   pinned at 64 KiB through ``MALLOC_MMAP_THRESHOLD_`` so that every large
@@ -124,11 +125,11 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> 
                     for rep in range(args["reps"] + 1):
                         torch_dist.barrier()
                         seconds, peak = _measured(step)
-                        if rep == 0:
+                        if rep == 0:  # the warmup: one-time caches (grid plans, FFT tables)
                             sent, calls = counter.bytes_sent, counter.calls
                         else:
                             times.append(seconds)
-                        peaks.append(peak)
+                            peaks.append(peak)
                 gather_bytes = sizes[rank] * DIM * 4 + batch * DIM * 4 if world > 1 else 0
                 results.append(
                     dict(
