@@ -304,7 +304,7 @@ def _siglip(module, sim, rel, valid):
     return _mean_over_ranks(partial, rows)
 
 
-def warn_replicated(module: nn.Module, reason: str) -> None:
+def warn_replicated(reason: str) -> None:
     """One warning that a module keeps the replicated loss (every rank the whole matrix)."""
     warnings.warn(
         f"shard_loss=auto: {reason}; every rank computes the whole loss instead", stacklevel=3

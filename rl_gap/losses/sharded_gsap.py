@@ -59,8 +59,11 @@ def _global_plan(work, valid, pos_scores, temperature, tolerance) -> GridPlan:
         [-lo_all, hi_all, -lo_pos, hi_pos, -float(cache)], dtype=torch.float64, device=work.device
     )
     stats = shard_comm.all_reduce(stats, "max")
-    lo_all, hi_all, lo_pos, hi_pos = -float(stats[0]), float(stats[1]), -float(stats[2]), float(
-        stats[3]
+    lo_all, hi_all, lo_pos, hi_pos = (
+        -float(stats[0]),
+        float(stats[1]),
+        -float(stats[2]),
+        float(stats[3]),
     )
     if not (math.isfinite(lo_all) and math.isfinite(hi_all)):
         raise ValueError("smoothed_ap_fast: scores contain NaN or infinite values")

@@ -31,7 +31,6 @@ from rl_gap.optim import (
     param_groups,
 )
 
-
 SHARD_LOSS_MODES = ("auto", "true", "false")
 
 
@@ -130,7 +129,7 @@ class RankingModule(L.LightningModule, abc.ABC):
             raise ValueError(f"shard_loss=true: {reason}")
         if not self._warned_replicated:
             self._warned_replicated = True
-            warn_replicated(self.loss_fn, reason)
+            warn_replicated(reason)
         return False
 
     def sharded_loss(
