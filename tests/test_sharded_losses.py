@@ -184,6 +184,7 @@ def test_two_ranks_sharded_equal_one_process(tmp_path: Path):
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 def test_three_ranks_sharded_equal_one_process(tmp_path: Path):
     _check(_run(tmp_path, 3), 3)
 

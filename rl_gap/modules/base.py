@@ -108,6 +108,11 @@ class RankingModule(L.LightningModule, abc.ABC):
     def gather_labels(x: torch.Tensor) -> torch.Tensor:
         return dist.gather_no_grad(x)
 
+    @staticmethod
+    def local_rows(n_local: int, device: torch.device) -> slice:
+        """This rank's rows of the gathered global batch (``slice(0, n)`` on one process)."""
+        return dist.local_slice(n_local, device)
+
     @abc.abstractmethod
     def global_similarity(
         self, batch: Any

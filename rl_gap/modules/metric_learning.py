@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from rl_gap.losses import dist
 from rl_gap.models.encoder import EmbeddingEncoder
 from rl_gap.modules.base import RankingModule
 from rl_gap.precision import full_precision_similarity
@@ -94,7 +93,7 @@ class MetricLearningModule(RankingModule):
         local = self(images)
         embeddings = self.gather(local)
         all_labels = self.gather_labels(labels)
-        rows = dist.local_slice(local.shape[0], local.device)
+        rows = self.local_rows(local.shape[0], local.device)
         rel = labels[:, None] == all_labels[None, :]
         valid = torch.ones_like(rel)
         own = torch.arange(local.shape[0], device=rel.device)

@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from torchmetrics.utilities import dim_zero_cat
 
 import rl_gap.optim_lars  # noqa: F401  (registers the "lars" optimizer)
-from rl_gap.losses import dist, get_loss_class
+from rl_gap.losses import get_loss_class
 from rl_gap.metrics.knn import WeightedKNNAccuracy
 from rl_gap.models.moco import (
     MoCoEncoder,
@@ -225,7 +225,7 @@ class MoCoV3Module(RankingModule):
         q = full_precision_normalize(queries, dim=1)
         k = self.gather_labels(full_precision_normalize(keys.detach(), dim=1))
         sim = full_precision_similarity(q, k)
-        rows = dist.local_slice(q.shape[0], q.device)
+        rows = self.local_rows(q.shape[0], q.device)
         own = torch.arange(q.shape[0], device=sim.device)
         rel = torch.zeros(sim.shape, dtype=torch.bool, device=sim.device)
         rel[own, own + rows.start] = True
