@@ -23,7 +23,14 @@ from pathlib import Path
 # Floors, lowest first: a room may import rooms on its own floor or below.
 FLOORS: list[tuple[str, ...]] = [
     ("__init__", "dist", "precision", "native_build", "resources"),
-    ("losses", "losses.fast_sap", "metrics", "metrics.functional", "metrics.tail"),
+    (
+        "losses",
+        "losses.fast_sap",
+        "losses.sharding",
+        "metrics",
+        "metrics.functional",
+        "metrics.tail",
+    ),
     ("optim", "models"),
     ("data",),
     # Callbacks read metrics only; a module attaches its default callbacks (configure_callbacks).

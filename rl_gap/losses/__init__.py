@@ -22,11 +22,15 @@ from rl_gap.losses.registry import (
     available_losses,
     build_loss,
     get_loss_class,
+    install_sharded_forward,
     loss_from_config,
     register_loss,
 )
+from rl_gap.losses.sharding import sharded_forward
 from rl_gap.losses.siglip import SigLIPLoss
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact, smoothed_ap_rows
+
+install_sharded_forward(sharded_forward)
 
 __all__ = [
     "GlobalSmoothAPLoss",

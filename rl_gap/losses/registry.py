@@ -8,11 +8,15 @@ editing. ``build_loss(name, **kwargs)`` instantiates it, and
 Registration also gives a loss the precision contract of
 :mod:`rl_gap.precision`: its ``forward`` is wrapped by
 :func:`~rl_gap.precision.full_precision`, so it ranks float32 (or float64)
-similarities with autocast off even when called inside a ``bf16-mixed`` step.
+similarities with autocast off even when called inside a ``bf16-mixed`` step,
+and the keyword ``sharded=True``: ``loss_fn(sim_rows, rel_rows, valid_rows,
+sharded=True)`` runs the loss on this rank's rows of a matrix sharded over a
+process group (``rl_gap.losses.sharding.dispatch``; docs/definitions.md).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Mapping
@@ -38,11 +42,37 @@ def register_loss(name: str) -> Callable[[T], T]:
     def decorator(cls: T) -> T:
         if key in _LOSSES and _LOSSES[key] is not cls:
             raise ValueError(f"loss name {key!r} is already registered by {_LOSSES[key].__name__}")
-        cls.forward = full_precision(cls.forward)  # type: ignore[method-assign]
+        cls.forward = _with_sharded(full_precision(cls.forward))  # type: ignore[method-assign]
         _LOSSES[key] = cls
         return cls
 
     return decorator
+
+
+# The sharded implementations (``rl_gap.losses.sharding``) import the loss modules, which
+# import this registry; the package face installs them here, so no import runs back.
+_SHARDED: dict[str, Callable[..., Any]] = {}
+
+
+def install_sharded_forward(fn: Callable[..., Any]) -> None:
+    """Route ``loss_fn(..., sharded=True)`` of every registered loss to ``fn(module, sim, rel, valid)``."""
+    _SHARDED["forward"] = fn
+
+
+def _with_sharded(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the ``sharded=`` keyword to a loss ``forward`` (idempotent)."""
+    if getattr(forward, "__rl_gap_sharded__", False):
+        return forward
+
+    @functools.wraps(forward)
+    def wrapper(self, sim, rel, valid=None, *, sharded: bool = False):
+        if sharded:
+            return full_precision(_SHARDED["forward"])(self, sim, rel, valid)
+        return forward(self, sim, rel, valid)
+
+    wrapper.__rl_gap_sharded__ = True  # type: ignore[attr-defined]
+    wrapper.__rl_gap_full_precision__ = True  # type: ignore[attr-defined]  (both paths are)
+    return wrapper
 
 
 def available_losses() -> list[str]:

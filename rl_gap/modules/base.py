@@ -5,6 +5,13 @@ returning the (sim, rel, valid) matrices of the *global* batch (use
 ``self.gather`` / ``self.gather_labels``); the base class owns the loss (from
 the registry, configured as a flat ``{name, **kwargs}`` recipe section), the
 optimizer and schedule, and logging of the loss's learnable parameters.
+
+Sharded loss (``shard_loss``, docs/distributed.md): with more than one rank,
+a subclass that implements ``local_similarity(batch)`` (the (sim, rel, valid)
+of this rank's consecutive block of rows of the global matrix against the
+gathered batch's columns) has the loss computed sharded
+(``loss_fn(..., sharded=True)``): each rank scores B/W rows instead of all B,
+and the update still equals one process holding the global batch.
 """
 
 from __future__ import annotations
@@ -17,12 +24,26 @@ import torch
 
 from rl_gap import dist
 from rl_gap.losses import loss_from_config
+from rl_gap.losses.sharding import comm as shard_comm
+from rl_gap.losses.sharding import supports_sharding, warn_replicated
 from rl_gap.optim import (
     build_optimizer,
     build_scheduler,
     check_optimizer_settings,
     param_groups,
 )
+
+SHARD_LOSS_MODES = ("auto", "true", "false")
+
+
+def check_shard_loss(value: str | bool) -> str:
+    """Normalise ``shard_loss`` (``auto``/``true``/``false`` or a bool) to its string form."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    mode = str(value).lower()
+    if mode not in SHARD_LOSS_MODES:
+        raise ValueError(f"shard_loss must be one of {SHARD_LOSS_MODES} (or a bool), got {value!r}")
+    return mode
 
 
 class RankingModule(L.LightningModule, abc.ABC):
@@ -40,6 +61,10 @@ class RankingModule(L.LightningModule, abc.ABC):
         warmup: warmup length in optimizer steps, or a fraction of all steps if < 1.
         min_lr_ratio: final LR of the cosine as a fraction of ``lr``.
         lr_scales: parameter-name prefix -> LR multiplier (e.g. a slower backbone).
+        shard_loss: ``auto`` (shard the loss over ranks when there are several and the
+            loss supports it, else the replicated loss with one warning), ``true``
+            (shard; an error if the loss cannot be sharded) or ``false`` (every rank
+            computes the loss on the whole global matrix).
     """
 
     def __init__(
@@ -54,8 +79,10 @@ class RankingModule(L.LightningModule, abc.ABC):
         warmup: float = 0.0,
         min_lr_ratio: float = 0.0,
         lr_scales: dict[str, float] | None = None,
+        shard_loss: str | bool = "auto",
     ) -> None:
         super().__init__()
+        self.shard_loss = check_shard_loss(shard_loss)
         # Before anything is built: `--model.lr nan` fails here, naming the setting.
         check_optimizer_settings(
             optimizer, lr, weight_decay, betas, momentum, scheduler, warmup, min_lr_ratio, lr_scales
@@ -67,6 +94,11 @@ class RankingModule(L.LightningModule, abc.ABC):
         )
         self.schedule_config = dict(kind=scheduler, warmup=warmup, min_lr_ratio=min_lr_ratio)
         self.lr_scales = dict(lr_scales or {})
+        self._warned_replicated = False
+        if self.shard_loss == "true":
+            reason = supports_sharding(self.loss_fn)
+            if reason is not None:
+                raise ValueError(f"shard_loss=true: {reason}")
 
     # ----------------------------------------------------------- global batch
     @staticmethod
@@ -78,16 +110,63 @@ class RankingModule(L.LightningModule, abc.ABC):
     def gather_labels(x: torch.Tensor) -> torch.Tensor:
         return dist.gather_no_grad(x)
 
+    @staticmethod
+    def local_rows(n_local: int, device: torch.device) -> slice:
+        """This rank's rows of the gathered global batch (``slice(0, n)`` on one process)."""
+        return dist.local_slice(n_local, device)
+
     @abc.abstractmethod
     def global_similarity(
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Return (sim, rel, valid) over the global batch. Subclasses implement."""
 
+    # ----------------------------------------------------------- sharded loss
+    def shards_loss(self) -> bool:
+        """Whether this step computes the loss sharded over ranks (see ``shard_loss``)."""
+        if self.shard_loss == "false" or dist.world_size() == 1:
+            return False
+        if not callable(getattr(self, "local_similarity", None)):
+            reason = f"{type(self).__name__} has no local_similarity(batch)"
+        else:
+            reason = supports_sharding(self.loss_fn)
+        if reason is None:
+            return True
+        if self.shard_loss == "true":
+            raise ValueError(f"shard_loss=true: {reason}")
+        if not self._warned_replicated:
+            self._warned_replicated = True
+            warn_replicated(reason)
+        return False
+
+    def sharded_loss(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The global loss from this rank's rows, with gradients scaled for DDP.
+
+        The sharded backward gives each rank the single-process gradient of its
+        own samples (rows directly, columns through ``gather``'s summing
+        backward), so each rank's encoder gradient is its share and the shares
+        *sum* to the single-process gradient; the loss parameters' shares sum
+        likewise. DDP *averages* over ranks, hence a factor W on the gradient:
+        on the loss output when the loss has learnable parameters (InfoNCE and
+        SigLIP are linear in the upstream gradient), else on ``sim`` (BlackBox's
+        gradient is not linear in the upstream gradient, so it must see the same
+        upstream value as on one process).
+        """
+        world = dist.world_size()
+        if any(p.requires_grad for p in self.loss_fn.parameters()):
+            return shard_comm.scale_grad(self.loss_fn(sim, rel, valid, sharded=True), world)
+        return self.loss_fn(shard_comm.scale_grad(sim, world), rel, valid, sharded=True)
+
     # ---------------------------------------------------------------- training
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        sim, rel, valid = self.global_similarity(batch)
-        loss = self.loss_fn(sim, rel, valid)
+        if self.shards_loss():
+            sim, rel, valid = self.local_similarity(batch)
+            loss = self.sharded_loss(sim, rel, valid)
+        else:
+            sim, rel, valid = self.global_similarity(batch)
+            loss = self.loss_fn(sim, rel, valid)
         self.log("train/loss", loss, prog_bar=True, batch_size=sim.shape[0], sync_dist=False)
         self.log_dict(self.loss_parameter_logs(), batch_size=sim.shape[0])
         return loss

@@ -80,7 +80,7 @@ class CLIPFineTuneModule(RankingModule):
             block and final norm, ...).
         grad_checkpointing: activation checkpointing in both towers.
         optimizer, lr, weight_decay, betas, momentum, scheduler, warmup,
-        min_lr_ratio, lr_scales: see ``RankingModule``.
+        min_lr_ratio, lr_scales, shard_loss: see ``RankingModule``.
 
     Mixed precision is Lightning's (``trainer.precision: bf16-mixed``); the
     similarity matrix the loss ranks is always computed in float32, since
@@ -108,8 +108,10 @@ class CLIPFineTuneModule(RankingModule):
         warmup: float = 0.0,
         min_lr_ratio: float = 0.0,
         lr_scales: dict[str, float] | None = None,
+        shard_loss: str | bool = "auto",
     ) -> None:
         super().__init__(
+            shard_loss=shard_loss,
             loss=loss,
             optimizer=optimizer,
             lr=lr,
@@ -173,10 +175,29 @@ class CLIPFineTuneModule(RankingModule):
         rel = caption_group_relevance(groups, groups)
         return sim, rel, None
 
+    def local_similarity(
+        self, batch: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """This rank's image rows against every gathered caption (the sharded loss's input)."""
+        for key in ("image", "text", "group"):
+            if key not in batch:
+                raise ValueError(f"CLIP batches need 'image', 'text' and 'group'; missing {key!r}")
+        images = self.encode_image(batch["image"])
+        texts = self.gather(self.encode_text(batch["text"]))
+        local_groups = batch["group"].to(self.device)
+        groups = self.gather_labels(local_groups)
+        sim = full_precision_similarity(images, texts)
+        return sim, caption_group_relevance(local_groups, groups), None
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        sim, rel, valid = self.global_similarity(batch)
-        loss = self.loss_fn(sim, rel, valid)
-        n = sim.shape[0]
+        if self.shards_loss():
+            sim, rel, valid = self.local_similarity(batch)
+            loss = self.sharded_loss(sim, rel, valid)
+            n = sim.shape[1]  # the global batch (columns)
+        else:
+            sim, rel, valid = self.global_similarity(batch)
+            loss = self.loss_fn(sim, rel, valid)
+            n = sim.shape[0]
         with torch.no_grad():
             self.log("train/loss", loss, prog_bar=True, batch_size=n)
             self.log("train/pos_sim", sim[rel].mean(), batch_size=n)

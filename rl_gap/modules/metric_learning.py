@@ -85,6 +85,21 @@ class MetricLearningModule(RankingModule):
         rel, valid = same_label_relevance(labels)
         return full_precision_similarity(embeddings), rel, valid
 
+    def local_similarity(
+        self, batch: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """This rank's rows of ``global_similarity``: (sim (n, B), rel, valid), for the sharded loss."""
+        images, labels = batch[0], batch[1]
+        local = self(images)
+        embeddings = self.gather(local)
+        all_labels = self.gather_labels(labels)
+        rows = self.local_rows(local.shape[0], local.device)
+        rel = labels[:, None] == all_labels[None, :]
+        valid = torch.ones_like(rel)
+        own = torch.arange(local.shape[0], device=rel.device)
+        valid[own, own + rows.start] = False  # an image is not its own match
+        return full_precision_similarity(local, embeddings), rel, valid
+
     def _embed_step(self, batch: Any) -> dict[str, torch.Tensor]:
         images, labels, indices = batch[0], batch[1], batch[2]
         return {"embeddings": self(images), "labels": labels, "indices": indices}

@@ -78,7 +78,7 @@ class MoCoV3Module(RankingModule):
             against each other (leave-one-out, relevance = same label) for
             gAP/mAP/R@1; this caps how many (0 disables it).
         loss, optimizer, lr, weight_decay, betas, momentum_sgd, scheduler, warmup,
-            min_lr_ratio, lr_scales: see :class:`RankingModule` (``momentum_sgd``
+            min_lr_ratio, lr_scales, shard_loss: see :class:`RankingModule` (``momentum_sgd``
             is its SGD/LARS ``momentum``).
     """
 
@@ -110,8 +110,10 @@ class MoCoV3Module(RankingModule):
         warmup: float = 0.0,
         min_lr_ratio: float = 0.0,
         lr_scales: dict[str, float] | None = None,
+        shard_loss: str | bool = "auto",
     ) -> None:
         super().__init__(
+            shard_loss=shard_loss,
             loss=dict(loss or DEFAULT_LOSS),
             optimizer=optimizer,
             lr=lr,
@@ -210,15 +212,46 @@ class MoCoV3Module(RankingModule):
         rel = torch.eye(sim.shape[0], dtype=torch.bool, device=sim.device)
         return sim, rel
 
+    def local_pair_similarity(
+        self, queries: torch.Tensor, keys: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of ``pair_similarity``: local queries against every gathered key.
+
+        Returns:
+            sim (N_local, N_global), rel (True at each query's own image).
+        """
+        q = full_precision_normalize(queries, dim=1)
+        k = self.gather_labels(full_precision_normalize(keys.detach(), dim=1))
+        sim = full_precision_similarity(q, k)
+        rows = self.local_rows(q.shape[0], q.device)
+        own = torch.arange(q.shape[0], device=sim.device)
+        rel = torch.zeros(sim.shape, dtype=torch.bool, device=sim.device)
+        rel[own, own + rows.start] = True
+        return sim, rel
+
+    def local_similarity(self, batch: Any):
+        """The (sim, rel, valid) of one view pair, this rank's rows (the sharded loss's input)."""
+        x1, x2 = self._views(batch)
+        sim, rel = self.local_pair_similarity(self.queries(x1), self.keys(x2))
+        return sim, rel, None
+
     def two_view_loss(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-        """ctr(q1, k2) + ctr(q2, k1) on the global batch, each scaled by ``loss_scale``."""
+        """ctr(q1, k2) + ctr(q2, k1) on the global batch, each scaled by ``loss_scale``.
+
+        Sharded (``shard_loss``): each rank ranks its own queries against all keys.
+        """
         q1, q2 = self.queries(x1), self.queries(x2)
         k1, k2 = self.keys(x1), self.keys(x2)
         scale = self.loss_scale_value()
+        sharded = self.shards_loss()
         total = 0.0
         for q, k in ((q1, k2), (q2, k1)):
-            sim, rel = self.pair_similarity(q, k)
-            total = total + scale * self.loss_fn(sim, rel, None)
+            if sharded:
+                sim, rel = self.local_pair_similarity(q, k)
+                total = total + scale * self.sharded_loss(sim, rel, None)
+            else:
+                sim, rel = self.pair_similarity(q, k)
+                total = total + scale * self.loss_fn(sim, rel, None)
         return total
 
     def global_similarity(self, batch: dict[str, Any]):

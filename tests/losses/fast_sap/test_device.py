@@ -12,14 +12,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from tests.losses.fast_sap.test_neg_drop import flat_list, sorted_keep
 from torch.overrides import TorchFunctionMode
 
+from rl_gap.losses.common import drop_lowest_negatives
 from rl_gap.losses.fast_sap import binning as fast_binning
 from rl_gap.losses.fast_sap import drop as fast_drop
 from rl_gap.losses.fast_sap import kernel as fast_rank
-from rl_gap.losses.common import drop_lowest_negatives
 from rl_gap.losses.fast_sap.grid import plan_grid
+from tests.losses.fast_sap.test_neg_drop import flat_list, sorted_keep
 
 
 class ScatterSizes(TorchFunctionMode):

@@ -1,0 +1,237 @@
+"""The global AP surrogates (gSoftBin, gBlackBox, gSupAP) on a list sharded over ranks.
+
+Each takes this rank's part of the flattened global list (its kept valid
+pairs, flat order) and returns the single-process surrogate AP on every
+rank; backward gives this rank's items' gradient. What crosses ranks:
+
+- gSoftBin: the two (L,) histograms (all-reduce), O(L).
+- gBlackBox: the positives' (margin-shifted) scores (all-gather, O(P)) and, per
+  global positive, the number of this rank's negatives scoring at or above
+  it (all-reduce, O(P)); the blackbox backward does the same for the
+  perturbed positives. Integer counts: exact.
+- gSupAP: the positives' scores (all-gather) and per positive the partial
+  negative rank sums (sigmoid part, counts and sums above the margin) and
+  the σ' sums of the backward (all-reduce), O(P). The coefficients need
+  the global ranks first, so the gradient takes a second local sweep.
+
+Formulas and tie rules are those of ``softbin``, ``blackbox_ap`` and
+``supap_flat`` (one process); only where the sums run differs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rl_gap.losses.ap_surrogate import pessimistic_ranks
+from rl_gap.losses.sharding import comm as shard_comm
+from rl_gap.losses.softbin import ITEM_CHUNK, _bin_items, fastap_from_histograms
+from rl_gap.losses.supap_flat import DEFAULT_BLOCK_ELEMENTS
+
+
+# ----------------------------------------------------------------------------- gSoftBin
+class _ShardedSoftBinAP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, num_bins, low, high):  # type: ignore[override]
+        flat = scores.detach()
+        both = flat.new_zeros(2 * num_bins, dtype=torch.float64)
+        lower_all = torch.empty(flat.numel(), dtype=torch.int16, device=flat.device)
+        for start in range(0, flat.numel(), ITEM_CHUNK):
+            part = slice(start, min(start + ITEM_CHUNK, flat.numel()))
+            lower, frac = _bin_items(flat[part], num_bins, low, high)
+            lower_all[part] = lower
+            index = lower.add_(positive[part] * num_bins)
+            upper_w = frac.double()
+            both.index_add_(0, index, 1.0 - upper_w).index_add_(0, index.add_(1), upper_w)
+        num_pos = torch.tensor(
+            [float(torch.count_nonzero(positive))], dtype=torch.float64, device=flat.device
+        )
+        packed = shard_comm.all_reduce(torch.cat([both, num_pos]))
+        hist_pos = packed[num_bins : 2 * num_bins][None]
+        hist = packed[:num_bins][None] + hist_pos
+        num_pos = packed[-1:]
+        ap = fastap_from_histograms(hist, hist_pos, num_pos)[0]
+        ctx.save_for_backward(lower_all, positive, (flat >= low) & (flat <= high), hist, hist_pos)
+        ctx.num_pos, ctx.input_dtype = num_pos, scores.dtype
+        ctx.inv_width = (num_bins - 1) / (high - low)
+        return ap.to(scores.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        lower_all, positive, inside, hist, hist_pos = ctx.saved_tensors
+        with torch.enable_grad():
+            h = hist.detach().requires_grad_(True)
+            hp = hist_pos.detach().requires_grad_(True)
+            ap = fastap_from_histograms(h, hp, ctx.num_pos)[0]
+            grad_h, grad_hp = torch.autograd.grad(ap, (h, hp), grad_output.double())
+        table = torch.cat([grad_h.reshape(-1), (grad_h + grad_hp).reshape(-1)])
+        num_bins = hist.shape[1]
+        index = lower_all.long() + positive * num_bins
+        grad = (table.take(index) - table.take(index + 1)) * inside * ctx.inv_width
+        return grad.to(ctx.input_dtype), None, None, None, None
+
+
+def sharded_softbin_ap(scores, positive, num_bins, sim_range) -> torch.Tensor:
+    """SoftBin AP of the list concatenated over ranks ((n,) scores and positives per rank)."""
+    low, high = (float(v) for v in sim_range)
+    return _ShardedSoftBinAP.apply(scores, positive, int(num_bins), low, high)
+
+
+# ---------------------------------------------------------------------------- gBlackBox
+def _count_at_least(sorted_values: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """``#{v : v >= q}`` for each query (``sorted_values`` ascending), int64."""
+    return sorted_values.numel() - torch.searchsorted(sorted_values, queries, right=False)
+
+
+class _ShardedBlackBoxAP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, lambda_val, margin):  # type: ignore[override]
+        rank, _ = shard_comm.require_group()
+        work = scores.detach()
+        shifted = work - margin * positive.to(work.dtype) if margin else work
+        pos_local, neg_local = shifted[positive], shifted[~positive]
+        sizes = shard_comm.all_gather_sizes(pos_local.numel(), work.device)
+        pos_all = shard_comm.all_gather_ragged(pos_local, sizes)  # (P,) global order
+        pos_sorted = pos_all.sort().values
+        neg_sorted = neg_local.sort().values
+        # Global negatives at or above each positive; the total list length.
+        counts = torch.cat(
+            [_count_at_least(neg_sorted, pos_all), torch.tensor([work.numel()], device=work.device)]
+        )
+        shard_comm.all_reduce(counts)
+        neg_above, length = counts[:-1], float(counts[-1])
+        num_pos = pos_all.numel()
+        rank_pos = _count_at_least(pos_sorted, pos_all).to(work.dtype)  # among positives
+        rank_all = (neg_above + _count_at_least(pos_sorted, pos_all)).to(work.dtype)
+        ranks = rank_all / length  # normalised pessimistic rank r̃ of every global positive
+        precision = rank_pos / (ranks * length)
+        ap = precision.sum() / num_pos
+        start = sum(sizes[:rank])
+        mine = slice(start, start + pos_local.numel())
+        ctx.save_for_backward(shifted, positive, pos_all, neg_sorted, rank_pos, ranks)
+        ctx.lambda_val, ctx.length, ctx.mine, ctx.sizes = lambda_val, length, mine, sizes
+        ctx.input_dtype = scores.dtype
+        return ap
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        shifted, positive, pos_all, neg_sorted, rank_pos, ranks = ctx.saved_tensors
+        lam, length = ctx.lambda_val, ctx.length
+        # ∂AP/∂r̃ at the positives, as autograd forms it through rank_pos / (r̃ · n).
+        with torch.enable_grad():
+            r = ranks.detach().requires_grad_(True)
+            ap = (rank_pos / (r * length)).sum() / pos_all.numel()
+            (grad_ranks,) = torch.autograd.grad(ap, r, grad_output.to(r.dtype))
+        perturbed = pos_all + lam * grad_ranks  # negatives' upstream gradient is 0: unmoved
+        pert_sorted = perturbed.sort().values
+        pos_sorted = pos_all.sort().values
+        # Positives: global negatives at or above the perturbed score (all-reduced counts).
+        neg_above_new = shard_comm.all_reduce(_count_at_least(neg_sorted, perturbed))
+        rank_new = (neg_above_new + _count_at_least(pert_sorted, perturbed)).to(ranks.dtype)
+        grad_pos = (rank_new / length - ranks) / lam
+        # Negatives: only the positives crossing them change their rank.
+        neg_local = shifted[~positive]
+        crossed = _count_at_least(pert_sorted, neg_local) - _count_at_least(pos_sorted, neg_local)
+        grad = torch.empty_like(shifted)
+        grad[positive] = grad_pos[ctx.mine].to(grad.dtype)
+        grad[~positive] = (crossed.to(grad.dtype) / length) / lam
+        return grad.to(ctx.input_dtype), None, None, None
+
+
+def sharded_blackbox_ap(scores, positive, lambda_val, margin) -> torch.Tensor:
+    """BlackBox AP of the list concatenated over ranks ((n,) scores and positives per rank)."""
+    return _ShardedBlackBoxAP.apply(scores, positive, float(lambda_val), float(margin))
+
+
+# ------------------------------------------------------------------------------ gSupAP
+def _supap_parts(negs, anchors, params):
+    """This rank's negatives' exact-part partials per anchor: counts above δ, above 0, sum above δ."""
+    tau, rho, offset, margin = params
+    neg_sorted = negs.sort().values
+    prefix = torch.cat(
+        [neg_sorted.new_zeros(1, dtype=torch.float64), neg_sorted.double().cumsum(0)]
+    )
+    anchors_plus = anchors + margin
+    not_above = torch.searchsorted(neg_sorted, anchors_plus, right=True)
+    count_above = (negs.numel() - not_above).double()
+    count_pos_side = (negs.numel() - torch.searchsorted(neg_sorted, anchors, right=True)).double()
+    sum_above = prefix[-1] - prefix[not_above]
+    return count_above, count_pos_side, sum_above
+
+
+class _ShardedSupAP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, params, chunk_size):  # type: ignore[override]
+        rank, _ = shard_comm.require_group()
+        tau, rho, offset, margin = params
+        work = scores.detach()
+        dtype = work.dtype
+        pos_local, negs = work[positive], work[~positive]
+        sizes = shard_comm.all_gather_sizes(pos_local.numel(), work.device)
+        anchors = shard_comm.all_gather_ragged(pos_local, sizes)
+        num_pos, num_neg = anchors.numel(), negs.numel()
+        everyone = torch.ones(1, num_pos, dtype=torch.bool, device=work.device)
+        rank_pos = pessimistic_ranks(anchors[None], everyone)[0].double()
+        inv_tau, cap = 1.0 / tau, margin / tau
+        negs_scaled, anchors_scaled = negs * inv_tau, anchors * inv_tau
+        chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, num_neg))
+        block = work.new_empty(min(chunk, num_pos), num_neg)
+
+        def sweep(coef=None, grad_negs=None):
+            sums = torch.zeros(num_pos, dtype=torch.float64, device=work.device)
+            for start in range(0, num_pos, chunk):
+                part = slice(start, min(start + chunk, num_pos))
+                sig = block[: part.stop - part.start]
+                torch.sub(negs_scaled.unsqueeze(0), anchors_scaled[part].unsqueeze(1), out=sig)
+                sig.clamp_(max=cap).sigmoid_()
+                if coef is None:
+                    sums[part] = sig.sum(1)
+                    continue
+                deriv = sig.addcmul_(sig, sig, value=-1.0)
+                sums[part] = deriv.sum(1)
+                grad_negs += (coef[part] * inv_tau).to(dtype) @ deriv
+            return sums
+
+        count_above, count_pos_side, sum_above = _supap_parts(negs, anchors, params)
+        packed = torch.stack([count_above, count_pos_side, sum_above, sweep()])
+        count_above, count_pos_side, sum_above, sig_sum = shard_comm.all_reduce(packed)
+        sig_cap = 1.0 / (1.0 + math.exp(-margin / tau))
+        exact_part = (
+            rho * (sum_above - count_above * anchors.double())
+            + (offset - sig_cap) * count_above
+            + 0.5 * (count_pos_side - count_above)
+        )
+        rank_all = rank_pos + exact_part + sig_sum
+        ap = (rank_pos / rank_all).sum() / num_pos
+        if ctx.needs_input_grad[0]:
+            coef = -rank_pos / (num_pos * rank_all.square())
+            grad_negs = work.new_zeros(num_neg)
+            dsig_sum = shard_comm.all_reduce(sweep(coef, grad_negs))
+            jump = rho - sig_cap * (1.0 - sig_cap) * inv_tau
+            anchors_plus = anchors + margin
+            order = anchors_plus.argsort()
+            coef_prefix = torch.cat([coef.new_zeros(1), coef[order].cumsum(0)])
+            below = torch.searchsorted(anchors_plus[order], negs, right=False)
+            grad_negs += (jump * coef_prefix[below]).to(dtype)
+            deriv_anchor = dsig_sum * inv_tau + jump * count_above
+            start = sum(sizes[:rank])
+            mine = slice(start, start + pos_local.numel())
+            grad = torch.zeros_like(work)
+            grad[~positive] = grad_negs
+            grad[positive] = (-coef[mine] * deriv_anchor[mine]).to(dtype)
+            ctx.save_for_backward(grad)
+        return ap.to(dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype), None, None, None
+
+
+def sharded_supap(scores, positive, params, chunk_size) -> torch.Tensor:
+    """SupAP of the list concatenated over ranks ((n,) scores and positives per rank)."""
+    return _ShardedSupAP.apply(scores, positive, params, chunk_size)
