@@ -49,8 +49,8 @@ def _flat_sap(scores: torch.Tensor, positive: torch.Tensor, tau: float) -> torch
 def _softbin_list(scores, positive, num_bins=10, sim_range=(-1.0, 1.0)):
     """FastAP with triangular bins over the similarity range, dense (L × n kernel)."""
     low, high = sim_range
-    width = (high - low) / (num_bins - 1)
-    centres = high - width * torch.arange(num_bins, dtype=scores.dtype)
+    width = (high - low) / num_bins  # num_bins intervals, num_bins + 1 centres (FastAP)
+    centres = high - width * torch.arange(num_bins + 1, dtype=scores.dtype)
     kernel = (1 - (scores.clamp(low, high)[None, :] - centres[:, None]).abs() / width).clamp(min=0)
     hist, hist_pos = kernel.sum(1), (kernel * positive.to(scores.dtype)).sum(1)
     cum, cum_pos = hist.cumsum(0), hist_pos.cumsum(0)

@@ -64,7 +64,7 @@ def test_bad_inputs_and_no_positive_batch(name):
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        ("softbin", {"num_bins": 1}, "num_bins"),
+        ("softbin", {"num_bins": 0}, "num_bins"),
         ("gsoftbin", {"num_bins": 2.5}, "num_bins"),
         ("softbin", {"sim_range": (1.0, -1.0)}, "lo < hi"),
         ("gsoftbin", {"sim_range": "x"}, "sim_range"),
