@@ -172,6 +172,23 @@ def _surrogate(list_ap, global_ranking):
     return reference
 
 
+def _calibration(sim, rel, valid, pos_margin=0.9, neg_margin=0.6):
+    """ROADMAP's calibration: mean non-zero positive hinge + mean non-zero negative hinge."""
+    pos = (pos_margin - sim[rel & valid]).clamp(min=0)
+    neg = (sim[~rel & valid] - neg_margin).clamp(min=0)
+    return sum(h.sum() / max(int((h > 0).sum()), 1) for h in (pos, neg))
+
+
+def _roadmap(global_ranking):
+    ap_term = _surrogate(_supap_list, global_ranking)
+
+    def reference(sim, rel, valid, pos_margin=0.9, neg_margin=0.6, calibration_weight=1.0, **kw):
+        calib = _calibration(sim, rel, valid, pos_margin, neg_margin)
+        return ap_term(sim, rel, valid, **kw) + calibration_weight * calib
+
+    return reference
+
+
 REFERENCES: dict[str, Callable[..., torch.Tensor]] = {
     "gsap": ref_gsap,
     "msap": ref_msap,
@@ -183,6 +200,8 @@ REFERENCES: dict[str, Callable[..., torch.Tensor]] = {
     "gblackbox": _surrogate(_blackbox_list, True),
     "supap": _surrogate(_supap_list, False),
     "gsupap": _surrogate(_supap_list, True),
+    "roadmap": _roadmap(False),
+    "groadmap": _roadmap(True),
 }
 
 _ALL_CONFIGS = [
@@ -201,6 +220,8 @@ _ALL_CONFIGS = [
     {"name": "gblackbox", "lambda_val": 4.0, "margin": 0.02},
     {"name": "supap", "temperature": TAU, "symmetric": True},
     {"name": "gsupap", "temperature": TAU},
+    {"name": "roadmap", "temperature": TAU, "neg_drop": 0.5},
+    {"name": "groadmap", "temperature": TAU, "neg_margin": 0.3},
 ]
 # Losses are registered by importing rl_gap.losses; a reference without its loss
 # (not registered in this tree) is skipped, a loss without a reference fails below.
