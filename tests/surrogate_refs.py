@@ -83,14 +83,17 @@ def value_and_grad(loss_fn, sim, rel, valid, scale: float = 1.0):
 
 
 def brute_softbin_ap(scores: torch.Tensor, pos: list[bool], num_bins: int, lo=-1.0, hi=1.0):
-    """FastAP on similarities: explicit (M × L) triangular-kernel matrix, a loop over bins."""
-    width = (hi - lo) / (num_bins - 1)
-    centres = torch.tensor([hi - b * width for b in range(num_bins)], dtype=torch.float64)
+    """FastAP on similarities: explicit (M × (L+1)) triangular-kernel matrix, a loop over bins.
+
+    ``num_bins`` = L intervals of [lo, hi], L + 1 centres (FastAP's convention).
+    """
+    width = (hi - lo) / num_bins
+    centres = torch.tensor([hi - b * width for b in range(num_bins + 1)], dtype=torch.float64)
     kernel = (1 - (scores.clamp(lo, hi)[:, None] - centres[None]).abs() / width).clamp(min=0)
     pos_t = torch.tensor(pos, dtype=torch.float64)
     h_all, h_pos = kernel.sum(0), (kernel * pos_t[:, None]).sum(0)
     total, cum_all, cum_pos = 0.0, 0.0, 0.0
-    for b in range(num_bins):
+    for b in range(num_bins + 1):
         cum_all = cum_all + h_all[b]
         cum_pos = cum_pos + h_pos[b]
         if float(cum_all.detach()) > 0:
@@ -99,15 +102,17 @@ def brute_softbin_ap(scores: torch.Tensor, pos: list[bool], num_bins: int, lo=-1
 
 
 def fastap_transcription(query: torch.Tensor, items: torch.Tensor, pos: list[bool], L: int):
-    """FastAP (Cakir et al. 2019, eq. for the histogram approximation), transcribed:
-    distances D = ||q − x||² ∈ [0, 4] of unit vectors, bin centres z_j = (j−1)·Δ,
-    Δ = 4/(L−1), δ(D, z_j) = max(0, 1 − |D − z_j|/Δ), h_j⁺ / h_j the soft counts of
-    positives / all items, H the cumulative sums, FastAP = (1/N⁺) Σ_j h_j⁺ H_j⁺ / H_j."""
+    """FastAP (Cakir et al. 2019, eq. for the histogram approximation), transcribed from the
+    released code (``Delta = 4/num_bins``, ``Z = linspace(0, 4, num_bins + 1)``):
+    distances D = ||q − x||² ∈ [0, 4] of unit vectors, L = num_bins intervals, bin centres
+    z_j = j·Δ for j = 0 … L, Δ = 4/L, δ(D, z_j) = max(0, 1 − |D − z_j|/Δ), h_j⁺ / h_j the
+    soft counts of positives / all items, H the cumulative sums,
+    FastAP = (1/N⁺) Σ_j h_j⁺ H_j⁺ / H_j."""
     dist = ((items - query) ** 2).sum(1)
-    delta = 4.0 / (L - 1)
+    delta = 4.0 / L
     fast_ap = 0.0
     big_h, big_h_pos = 0.0, 0.0
-    for j in range(L):
+    for j in range(L + 1):
         z = j * delta
         soft = (1 - (dist - z).abs() / delta).clamp(min=0)
         h = float(soft.sum())

@@ -48,10 +48,12 @@ from typing import Any
 
 from rl_gap.experiments.runner import METRICS, Runner, recipe_loss
 from rl_gap.experiments.tables import (
+    RANKING_RULE,
     aggregate,
     cell,
     markdown_table,
     metric_row,
+    ranking_lines,
     write_csv,
 )
 
@@ -285,13 +287,16 @@ def run(args: argparse.Namespace) -> int:
     write_csv(out / "final_runs.csv", runs)
     write_csv(out / "results.csv", summary)
     table = summary_table(summary)
+    verdicts = "\n".join(
+        [f"ranking rule: {RANKING_RULE}.", *ranking_lines(summary, tuple(METRICS))]
+    )
     (out / "results.md").write_text(
         f"# rl-gap tune: {args.name}\n\n{table}\n\n"
         f"mean ± std over {args.num_seeds} seeds (ddof=1), metrics in %; "
         f"lr, τ: best of {args.n_trials} trials on a {1 - args.val_split:.0%}/"
-        f"{args.val_split:.0%} class split of the training set.\n"
+        f"{args.val_split:.0%} class split of the training set.\n\n{verdicts}\n"
     )
     log_summary_to_wandb(args, out, summary)
-    print(f"\n{table}\n\nwall time {seconds:.0f} s; tables: {out / 'results.csv'}, "
+    print(f"\n{table}\n\n{verdicts}\n\nwall time {seconds:.0f} s; tables: {out / 'results.csv'}, "
           f"{out / 'results.md'}; runs: {out / 'final_runs.csv'}")  # fmt: skip
     return 0

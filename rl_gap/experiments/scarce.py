@@ -24,7 +24,14 @@ from pathlib import Path
 
 from rl_gap.experiments.grid import Setting, add_grid_arguments, run_grid, runner_from_args
 from rl_gap.experiments.runner import data_accepts, recipe_loss
-from rl_gap.experiments.tables import aggregate, pivot_table, settings_metrics_table, write_csv
+from rl_gap.experiments.tables import (
+    RANKING_RULE,
+    aggregate,
+    pivot_table,
+    ranking_lines,
+    settings_metrics_table,
+    write_csv,
+)
 
 DEMO_RECIPES = [f"recipes/demo/mnist_{loss}.yaml" for loss in ("gsap", "msap", "infonce")]
 
@@ -83,6 +90,14 @@ def run(args: argparse.Namespace) -> int:
         "mAP (%):\n\n" + pivot_table(agg, ["rho", "gamma"], "loss", "mAP"),
         "all metrics:\n\n" + settings_metrics_table(agg, ["loss", "rho", "gamma"]),
     ]
+    tables.append(
+        "\n".join(
+            [
+                f"ranking rule: {RANKING_RULE}.",
+                *ranking_lines(agg, ("gAP", "mAP"), label="loss", group_by=["rho", "gamma"]),
+            ]
+        )
+    )
     text = "\n\n".join(tables)
     (out / "scarce.md").write_text(
         "# rl-gap sweep-scarce\n\nγ: % of eligible training classes kept, ρ: images per "

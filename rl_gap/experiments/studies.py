@@ -24,7 +24,13 @@ from typing import Any
 
 from rl_gap.experiments.grid import Setting, add_grid_arguments, run_grid, runner_from_args
 from rl_gap.experiments.runner import recipe_loss
-from rl_gap.experiments.tables import aggregate, settings_metrics_table, write_csv
+from rl_gap.experiments.tables import (
+    RANKING_RULE,
+    aggregate,
+    ranking_lines,
+    settings_metrics_table,
+    write_csv,
+)
 
 ALPHAS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)
 TEMPERATURES = (1e-4, 1e-3, 1e-2, 5e-2, 1e-1, 5e-1)
@@ -41,6 +47,11 @@ def _finish(
     write_csv(out / f"{name}_runs.csv", rows)
     write_csv(out / f"{name}.csv", agg)
     table = settings_metrics_table(agg, by)
+    if "loss" in by:
+        others = [k for k in by if k != "loss"]
+        verdicts = ranking_lines(agg, label="loss", group_by=others)
+        if verdicts:
+            table += "\n\n" + "\n".join([f"ranking rule: {RANKING_RULE}.", *verdicts])
     png = plot_fn(agg, out / f"{name}.png")
     (out / f"{name}.md").write_text(f"# {name}\n\n{table}\n\n![{name}]({png.name})\n")
     print(f"\n{table}\n\nwall time {seconds:.0f} s; {out / f'{name}.csv'}, {png}")

@@ -6,6 +6,14 @@ and metric values in [0, 1] under the table names of
 :func:`aggregate` groups rows by settings and reports, per metric, the mean
 and the sample standard deviation (``ddof=1``; 0 for a single run) over seeds.
 Tables show percentages with two decimals.
+
+Ranking rule (:func:`leader`, :func:`ranking_lines`): on a metric, the row with
+the highest mean is named best only when, against *every* other row, its lead
+of means exceeds the sum of the two standard deviations,
+``mean_best − mean_other > std_best + std_other``, and every row has at least
+two seeds (one seed has no spread). Otherwise the rows are tied on that
+metric. The demo, ``rl-gap tune``, ``rl-gap sweep-scarce`` and the studies
+print this verdict under their tables.
 """
 
 from __future__ import annotations
@@ -50,6 +58,67 @@ def aggregate(
         agg["n"] = len(members)
         out.append(agg)
     return out
+
+
+def leader(
+    rows: Sequence[dict[str, Any]], metric: str, label: str = "loss"
+) -> tuple[Any | None, str]:
+    """The best row's ``label`` under the ranking rule (module docstring), or None; and why.
+
+    ``rows`` are aggregated rows (``<metric>_mean``, ``<metric>_std``, ``n``). The
+    reason names the tightest comparison: ``"lead 1.20 > spread 0.45 points over msap"``
+    (percentage points) when a leader is named, else the comparison that ties it.
+    """
+    ranked = [r for r in rows if not math.isnan(float(r[f"{metric}_mean"]))]
+    if len(ranked) < 2:
+        return None, "fewer than two rows to compare"
+    ranked.sort(key=lambda r: -float(r[f"{metric}_mean"]))
+    best = ranked[0]
+    if any(int(r.get("n", 1)) < 2 for r in ranked):
+        return None, "one seed: no spread to compare a lead with"
+    margins = []
+    for other in ranked[1:]:
+        lead = float(best[f"{metric}_mean"]) - float(other[f"{metric}_mean"])
+        spread = float(best[f"{metric}_std"]) + float(other[f"{metric}_std"])
+        margins.append((lead - spread, lead, spread, other[label]))
+    worst = min(margins, key=lambda m: m[0])
+    _, lead, spread, other = worst
+    if worst[0] > 0:
+        return best[label], f"lead {100 * lead:.2f} > spread {100 * spread:.2f} points over {other}"
+    return None, (
+        f"{best[label]} vs {other}: lead {100 * lead:.2f} <= spread {100 * spread:.2f} points"
+    )
+
+
+def ranking_lines(
+    rows: Sequence[dict[str, Any]],
+    metrics: Sequence[str] = tuple(METRICS),
+    label: str = "loss",
+    group_by: Sequence[str] = (),
+    scope: str = "this table",
+) -> list[str]:
+    """One verdict per metric (and per ``group_by`` settings): best ``label`` or tied."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in group_by), []).append(r)
+    lines = []
+    for key, members in groups.items():
+        if len({m[label] for m in members}) < 2:
+            continue
+        where = " ".join(f"{k}={_fmt(v)}" for k, v in zip(group_by, key))
+        for metric in metrics:
+            best, why = leader(members, metric, label)
+            head = f"{where}: {metric}" if where else metric
+            if best is None:
+                lines.append(f"{head}: tied on {scope} ({why})")
+            else:
+                lines.append(f"{head}: best {best} ({why})")
+    return lines
+
+
+RANKING_RULE = (
+    "best = lead of means over every other row > sum of the two stds (>= 2 seeds each), else tied"
+)
 
 
 def cell(row: dict[str, Any], metric: str) -> str:

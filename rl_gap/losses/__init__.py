@@ -2,7 +2,8 @@
 
 Importing this package registers every loss (``gsap``, ``msap``, ``infonce``,
 ``siglip``, and the other AP surrogates ``softbin``/``gsoftbin``,
-``blackbox``/``gblackbox``, ``supap``/``gsupap``); a new loss module only needs
+``blackbox``/``gblackbox``, ``supap``/``gsupap``, and ROADMAP = SupAP + calibration,
+``roadmap``/``groadmap``); a new loss module only needs
 ``@register_loss`` and an import here. docs/losses.md describes them all.
 """
 
@@ -11,6 +12,7 @@ from rl_gap.losses import (  # noqa: F401  (registration)
     gsap,
     infonce,
     msap,
+    roadmap,
     siglip,
     softbin,
     supap,

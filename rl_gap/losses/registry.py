@@ -1,9 +1,12 @@
 """Name -> loss class registry.
 
 A loss registers itself with ``@register_loss("name")``; nothing else needs
-editing. ``build_loss(name, **kwargs)`` instantiates it, and
-``loss_from_config({"name": ..., **kwargs})`` builds one from a recipe's flat
-``loss:`` section, so swapping ``name`` alone swaps the loss.
+editing. ``build_loss(name, **kwargs)`` instantiates it, and ``loss_from_config`` builds
+one from a recipe's ``loss:`` section: ``name`` picks the loss, a table per loss
+(``gsap: {temperature: 0.001}``) holds that loss's own hyperparameters, so
+swapping ``name`` alone swaps the loss *and* its hyperparameters (the new
+loss's table, else its defaults — never another loss's values); flat keys
+(command-line overrides) apply to the chosen loss and win.
 
 Registration also gives a loss the precision contract of
 :mod:`rl_gap.precision`: its ``forward`` is wrapped by
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -118,27 +120,115 @@ def _init_params(cls: type) -> set[str]:
     return {p for p in params if p != "self"}
 
 
-def loss_from_config(config: Mapping[str, Any] | None, default: str = "gsap") -> nn.Module:
-    """Build a loss from a flat recipe section ``{name: gsap, temperature: ..., ...}``.
+def _init_defaults(cls: type) -> dict[str, Any]:
+    params = inspect.signature(cls.__init__).parameters
+    return {
+        k: p.default
+        for k, p in params.items()
+        if k != "self" and p.default is not inspect.Parameter.empty
+    }
 
-    Keys that the chosen loss does not take but another registered loss does
-    (``neg_drop`` after ``--model.loss.name infonce``) are ignored with a
-    warning, so one override swaps the loss. A key no registered loss takes is
-    a typo and raises ``ValueError``.
-    """
-    config = dict(config or {})
-    name = config.pop("name", default)
-    cls = get_loss_class(name)
-    own = _init_params(cls)
-    known_anywhere = set().union(*(_init_params(c) for c in _LOSSES.values()))
-    unknown = sorted(set(config) - known_anywhere)
-    if unknown:
+
+def _plain_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if hasattr(config, "as_dict"):  # a jsonargparse Namespace
+        config = config.as_dict()
+    if not isinstance(config, Mapping):
         raise ValueError(
-            f"loss config has unknown key(s) {unknown}; {name!r} accepts {sorted(own)}"
+            f"the loss section must be a mapping like {{name: gsap, gsap: {{...}}}}, got {config!r}"
         )
-    ignored = sorted(set(config) - own)
-    if ignored:
-        warnings.warn(
-            f"loss {name!r} does not take {ignored}; ignoring them", UserWarning, stacklevel=2
+    return {str(k): (v.as_dict() if hasattr(v, "as_dict") else v) for k, v in config.items()}
+
+
+def split_loss_section(
+    config: Mapping[str, Any] | None, default: str = "gsap"
+) -> tuple[str, dict[str, dict[str, Any]], dict[str, Any]]:
+    """``(name, per-loss tables, flat keys)`` of a recipe's ``loss:`` section, validated.
+
+    The section is ``{name: <loss>, <loss>: {<its keywords>}, ..., <keyword>: <value>}``:
+    a key named after a registered loss is that loss's table (its own
+    hyperparameters, e.g. the values the paper or ``rl-gap tune`` gives it), any
+    other key is a value for the chosen loss itself (a command-line override).
+
+    Raises:
+        ValueError: naming an unknown loss, a table that is not a mapping, a table
+            key its loss does not take, or a flat key the chosen loss does not take.
+    """
+    section = _plain_section(config)
+    name = str(section.pop("name", default)).lower()
+    cls = get_loss_class(name)
+    tables: dict[str, dict[str, Any]] = {}
+    flat: dict[str, Any] = {}
+    for key, value in section.items():
+        if key.lower() in _LOSSES:
+            if value is None:
+                value = {}
+            if hasattr(value, "as_dict"):
+                value = value.as_dict()
+            if not isinstance(value, Mapping):
+                raise ValueError(
+                    f"loss table {key!r} must be a mapping of {key}'s keywords "
+                    f"({sorted(_init_params(_LOSSES[key.lower()]))}), got {value!r}"
+                )
+            table_cls = _LOSSES[key.lower()]
+            unknown = sorted(set(map(str, value)) - _init_params(table_cls))
+            if unknown:
+                raise ValueError(
+                    f"loss table {key!r} has unknown key(s) {unknown}; "
+                    f"{key} takes {sorted(_init_params(table_cls))}"
+                )
+            tables[key.lower()] = dict(value)
+        else:
+            flat[key] = value
+    own = _init_params(cls)
+    bad = sorted(set(flat) - own)
+    if bad:
+        elsewhere = sorted(k for k in bad if any(k in _init_params(c) for c in _LOSSES.values()))
+        hint = (
+            f"; {elsewhere} belong to other losses: a key outside a per-loss table applies "
+            f"to the chosen loss, so put another loss's values in its own table "
+            f"(e.g. loss.<that loss>.{elsewhere[0]})"
+            if elsewhere
+            else f"; per-loss tables are named after registered losses ({', '.join(available_losses())})"
         )
-    return cls(**{k: v for k, v in config.items() if k in own})
+        raise ValueError(f"loss {name!r} does not take {bad} (it takes {sorted(own)}){hint}")
+    return name, tables, flat
+
+
+def resolve_loss_config(config: Mapping[str, Any] | None, default: str = "gsap") -> dict[str, Any]:
+    """``{"name": name, **keywords}`` the chosen loss is built with.
+
+    Precedence: the loss's own defaults < its table ``loss.<name>`` < flat keys
+    (command-line overrides). Another loss's table is never used, so
+    ``--model.loss.name msap`` on a gSAP recipe trains mSAP with mSAP's values.
+    """
+    name, tables, flat = split_loss_section(config, default)
+    return {"name": name, **tables.get(name, {}), **flat}
+
+
+def normalize_loss_section(
+    config: Mapping[str, Any] | None, default: str = "gsap", expand: bool = False
+) -> dict[str, Any]:
+    """The section with flat keys moved into the chosen loss's table (every table kept).
+
+    ``expand=True`` also fills the chosen table with every keyword the loss is
+    built with (its defaults included): the block ``--print_config`` shows.
+    """
+    name, tables, flat = split_loss_section(config, default)
+    chosen = {**tables.get(name, {}), **flat}
+    if expand:
+        chosen = {**_init_defaults(get_loss_class(name)), **chosen}
+    return {"name": name, **{k: v for k, v in tables.items() if k != name}, name: chosen}
+
+
+def loss_from_config(config: Mapping[str, Any] | None, default: str = "gsap") -> nn.Module:
+    """Build a loss from a recipe's ``loss:`` section (see :func:`resolve_loss_config`).
+
+    ``{name: msap, gsap: {temperature: 0.001, neg_drop: 0.9}, msap: {temperature: 0.01}}``
+    builds ``msap(temperature=0.01)``; ``{name: gsoftbin, num_bins: 20}`` (flat keys,
+    as from the command line) builds ``gsoftbin(num_bins=20)``. A key the chosen loss
+    does not take, outside another loss's table, raises ``ValueError``.
+    """
+    kwargs = resolve_loss_config(config, default)
+    return get_loss_class(kwargs.pop("name"))(**kwargs)

@@ -1,8 +1,10 @@
 """SoftBin AP: FastAP-style soft histogram binning (Cakir et al., CVPR 2019), per query and global.
 
-FastAP replaces each item's rank by its position on a fixed grid of L bins.
-Here the grid runs over similarities: bin centres ``z_l = hi − l·Δ``
-(l = 0 … L−1, Δ = (hi − lo)/(L − 1); bin 0 holds the highest similarities),
+FastAP replaces each item's rank by its position on a fixed grid: ``num_bins``
+= L equal intervals, so L + 1 bin centres, as in FastAP's released code
+(``Delta = 4/num_bins``, ``Z = linspace(0, 4, num_bins + 1)``). Here the grid
+runs over similarities: bin centres ``z_l = hi − l·Δ`` (l = 0 … L,
+Δ = (hi − lo)/L; bin 0 holds the highest similarities),
 and every item spreads a unit mass over the two nearest centres with the
 triangular kernel ``δ(s, z_l) = max(0, 1 − |s − z_l|/Δ)``. With
 
@@ -55,23 +57,26 @@ def fastap_from_histograms(
 
 
 def _bin_items(
-    scores: torch.Tensor, num_bins: int, low: float, high: float
+    scores: torch.Tensor, num_centres: int, low: float, high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lower bin index (int64) and the fraction of mass in the next bin, per item."""
-    width = (high - low) / (num_bins - 1)
-    position = (high - scores.clamp(low, high)) / width  # in [0, L − 1]
-    lower = position.floor().clamp_(min=0, max=num_bins - 2)
+    """Lower bin index (int64) and the fraction of mass in the next bin, per item.
+
+    ``num_centres`` is the number of bin centres, ``num_bins + 1``.
+    """
+    width = (high - low) / (num_centres - 1)
+    position = (high - scores.clamp(low, high)) / width  # in [0, num_centres − 1]
+    lower = position.floor().clamp_(min=0, max=num_centres - 2)
     return lower.long(), (position - lower).clamp_(0.0, 1.0)
 
 
-def _chunks(num_items: int, width: int, num_bins: int, device: torch.device):
+def _chunks(num_items: int, width: int, num_centres: int, device: torch.device):
     """Item slices of the flattened (R, D) list and each item's row offset ``row · L``."""
     for start in range(0, num_items, ITEM_CHUNK):
         part = slice(start, min(start + ITEM_CHUNK, num_items))
         offset = torch.arange(part.start, part.stop, device=device).div_(
             width, rounding_mode="floor"
         )
-        yield part, offset.mul_(num_bins)
+        yield part, offset.mul_(num_centres)
 
 
 class _SoftBinAP(torch.autograd.Function):
@@ -79,20 +84,20 @@ class _SoftBinAP(torch.autograd.Function):
     the state kept for backward is an int16 bin index and a bool mask per item."""
 
     @staticmethod
-    def forward(ctx, scores, positive, valid, num_bins, low, high):  # type: ignore[override]
+    def forward(ctx, scores, positive, valid, num_centres, low, high):  # type: ignore[override]
         num_rows, width = scores.shape
         flat = scores.detach().reshape(-1)
         flat_valid, flat_pos = valid.reshape(-1), positive.reshape(-1)
         # Two stacked histograms, non-positives then positives: one index_add per side.
-        stride = num_rows * num_bins
+        stride = num_rows * num_centres
         both = flat.new_zeros(2 * stride, dtype=torch.float64)
         with_grad = ctx.needs_input_grad[0]
-        # The bin index fits in int16 (num_bins ≤ 2^15): a quarter of an int64 index.
+        # The bin index fits in int16 (centres ≤ 2^15 + 1): a quarter of an int64 index.
         lower_all = torch.empty(flat.numel(), dtype=torch.int16, device=flat.device)
         inside_all = torch.empty_like(flat_valid) if with_grad else None
-        for part, offset in _chunks(flat.numel(), width, num_bins, flat.device):
+        for part, offset in _chunks(flat.numel(), width, num_centres, flat.device):
             s, ok = flat[part], flat_valid[part]
-            lower, frac = _bin_items(s, num_bins, low, high)
+            lower, frac = _bin_items(s, num_centres, low, high)
             lower_all[part] = lower
             if with_grad:
                 inside_all[part] = (s >= low) & (s <= high) & ok
@@ -100,13 +105,13 @@ class _SoftBinAP(torch.autograd.Function):
             upper_w = frac.double().mul_(ok)
             lower_w = ok.double().sub_(upper_w)
             both.index_add_(0, index, lower_w).index_add_(0, index.add_(1), upper_w)
-        hist_pos = both[stride:].view(num_rows, num_bins)
-        hist = both[:stride].view(num_rows, num_bins) + hist_pos
+        hist_pos = both[stride:].view(num_rows, num_centres)
+        hist = both[:stride].view(num_rows, num_centres) + hist_pos
         num_pos = positive.sum(1).double()
         ap = fastap_from_histograms(hist, hist_pos, num_pos)
         if with_grad:
             ctx.save_for_backward(lower_all, inside_all, flat_pos, hist, hist_pos, num_pos)
-            ctx.inv_width = (num_bins - 1) / (high - low)
+            ctx.inv_width = (num_centres - 1) / (high - low)
             ctx.shape = scores.shape
             ctx.input_dtype = scores.dtype
         return ap.to(scores.dtype)
@@ -124,9 +129,9 @@ class _SoftBinAP(torch.autograd.Function):
         # ∂AP/∂(weight in bin l) is grad_h[l] for any item, + grad_hp[l] for a positive.
         table = torch.cat([grad_h.reshape(-1), (grad_h + grad_hp).reshape(-1)])
         stride = grad_h.numel()
-        num_bins = hist.shape[1]
+        num_centres = hist.shape[1]
         grad = torch.empty(lower_all.numel(), dtype=ctx.input_dtype, device=hist.device)
-        for part, offset in _chunks(lower_all.numel(), ctx.shape[1], num_bins, hist.device):
+        for part, offset in _chunks(lower_all.numel(), ctx.shape[1], num_centres, hist.device):
             index = lower_all[part].long().add_(offset).add_(flat_pos[part] * stride)
             at_lower = table.take(index)
             at_upper = table.take(index.add_(1))
@@ -148,7 +153,7 @@ def softbin_ap(
         scores: (R, D) float scores (clamped to ``sim_range``; no range check here).
         positive: (R, D) bool relevant items, each row with ≥ 1 (and ⊆ ``valid``).
         valid: (R, D) bool, the items of each row's list.
-        num_bins: L ≥ 2 bin centres spanning ``sim_range``.
+        num_bins: L ≥ 1 intervals of ``sim_range`` (L + 1 bin centres, as FastAP).
         sim_range: (lo, hi) similarity range of the grid.
 
     Returns:
@@ -157,12 +162,17 @@ def softbin_ap(
         bool mask), O(R · L) histograms and chunk-sized temporaries.
     """
     low, high = check_sim_range(sim_range)
-    return _SoftBinAP.apply(scores, positive, valid, check_num_bins(num_bins), low, high)
+    # FastAP's num_bins counts intervals; the kernel works on the num_bins + 1 centres.
+    centres = check_num_bins(num_bins) + 1
+    return _SoftBinAP.apply(scores, positive, valid, centres, low, high)
 
 
 def check_num_bins(num_bins: int) -> int:
-    if isinstance(num_bins, bool) or int(num_bins) != num_bins or not 2 <= num_bins <= MAX_BINS:
-        raise ValueError(f"num_bins must be an integer in [2, {MAX_BINS}], got {num_bins!r}")
+    if isinstance(num_bins, bool) or int(num_bins) != num_bins or not 1 <= num_bins <= MAX_BINS:
+        raise ValueError(
+            f"num_bins (intervals of sim_range, as FastAP) must be an integer in "
+            f"[1, {MAX_BINS}], got {num_bins!r}"
+        )
     return int(num_bins)
 
 
@@ -181,7 +191,8 @@ class SoftBinAPLoss(APSurrogateLoss):
     """Per-query SoftBin loss: ``1 − mean_{rows with a positive} SoftBinAP(row)``.
 
     Args:
-        num_bins: L ≥ 2 histogram bins over ``sim_range`` (FastAP's default 10).
+        num_bins: L ≥ 1 intervals of ``sim_range``, i.e. L + 1 bin centres, as
+            ``num_bins`` in FastAP's released code (its default 10).
         sim_range: (lo, hi) range of the similarities (cosine: (−1, 1)); values
             more than 1% of the range outside raise ``ValueError``.
         neg_drop: α in [0, 1), per-row negative dropping (``rl_gap/losses/common.py``).
@@ -232,7 +243,7 @@ class GlobalSoftBinAPLoss(SoftBinAPLoss):
     and masks per pair) + O(L), no P × M term.
 
     Args:
-        num_bins: L ≥ 2 histogram bins over ``sim_range``.
+        num_bins: L ≥ 1 intervals of ``sim_range`` (L + 1 bin centres, as FastAP).
         sim_range: (lo, hi) range of the similarities.
         neg_drop: α in [0, 1), dropping over the flattened list.
     """

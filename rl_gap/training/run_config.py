@@ -21,7 +21,6 @@ Pure helpers (no Lightning) used by :mod:`rl_gap.training.cli` and
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import zipfile
 from collections.abc import Mapping
@@ -235,33 +234,21 @@ def check_config_file(path: str | Path) -> None:
 
 
 # -------------------------------------------------------------------- loss
-def _init_params(cls: type) -> set[str]:
-    return {p for p in inspect.signature(cls.__init__).parameters if p != "self"}
-
-
 def loss_section_error(section: Any) -> str | None:
-    """None if a recipe's ``loss:`` section names a registered loss and known keys.
+    """None if a recipe's ``loss:`` section names a registered loss and valid keys.
 
-    A key that the named loss does not take but another registered loss does
-    is allowed (``loss_from_config`` ignores it with a warning, so that one
-    ``--model.loss.name`` override swaps the loss). Otherwise a one-line message
-    naming the bad name or key and the valid ones.
+    The section is ``{name, <loss>: {<its keywords>}, <keyword>: <value>}``
+    (``rl_gap.losses.registry.split_loss_section``): per-loss tables must hold
+    keywords their loss takes, flat keys (command-line overrides) keywords the
+    chosen loss takes. Otherwise a one-line message naming the bad name or key
+    and the valid ones.
     """
-    from rl_gap.losses import available_losses, get_loss_class
+    from rl_gap.losses.registry import split_loss_section
 
     if section is None:
         return None
-    if hasattr(section, "as_dict"):
-        section = section.as_dict()
-    if not isinstance(section, Mapping):
-        return f"the loss section must be a mapping like {{name: gsap, ...}}, got {section!r}"
-    name = section.get("name", "gsap")
-    names = available_losses()
-    if str(name).lower() not in names:
-        return f"unknown loss name {name!r}; registered losses: {', '.join(names)}"
-    own = _init_params(get_loss_class(name))
-    anywhere = set().union(*(_init_params(get_loss_class(n)) for n in names))
-    unknown = sorted(set(section) - {"name"} - anywhere)
-    if unknown:
-        return f"unknown loss key(s) {unknown} for loss {name!r}; it takes {sorted(own)}"
+    try:
+        split_loss_section(section)
+    except ValueError as err:
+        return str(err)
     return None

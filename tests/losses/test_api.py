@@ -174,10 +174,14 @@ def test_positive_only_in_invalid_pairs_counts_as_none():
 def test_loss_from_config_swaps_and_catches_typos():
     loss_fn = loss_from_config({"name": "gsap", "temperature": 0.001, "neg_drop": 0.9})
     assert (loss_fn.temperature, loss_fn.neg_drop) == (0.001, 0.9)
-    with pytest.warns(UserWarning, match="does not take.*neg_drop"):
-        swapped = loss_from_config({"name": "infonce", "temperature": 0.05, "neg_drop": 0.9})
+    # a swap takes the new loss's own table, never another loss's values
+    section = {"name": "infonce", "gsap": {"temperature": 0.001, "neg_drop": 0.9},
+               "infonce": {"temperature": 0.05}}  # fmt: skip
+    swapped = loss_from_config(section)
     assert type(swapped).__name__ == "InfoNCELoss" and swapped.temperature == 0.05
-    with pytest.raises(ValueError, match="unknown key.*temprature"):
+    with pytest.raises(ValueError, match="does not take.*neg_drop"):
+        loss_from_config({"name": "infonce", "temperature": 0.05, "neg_drop": 0.9})
+    with pytest.raises(ValueError, match="does not take.*temprature"):
         loss_from_config({"name": "gsap", "temprature": 0.01})
     with pytest.raises(ValueError, match="unknown loss"):
         loss_from_config({"name": "nope"})

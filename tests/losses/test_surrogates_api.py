@@ -64,7 +64,7 @@ def test_bad_inputs_and_no_positive_batch(name):
 @pytest.mark.parametrize(
     ("name", "kwargs", "message"),
     [
-        ("softbin", {"num_bins": 1}, "num_bins"),
+        ("softbin", {"num_bins": 0}, "num_bins"),
         ("gsoftbin", {"num_bins": 2.5}, "num_bins"),
         ("softbin", {"sim_range": (1.0, -1.0)}, "lo < hi"),
         ("gsoftbin", {"sim_range": "x"}, "sim_range"),
@@ -142,10 +142,11 @@ def test_recipe_section_selects_and_configures_the_new_losses():
         0.5,
     )
     assert (gbb.lambda_val, gbb.margin, gsup.temperature, gsup.rho) == (2.0, 0.0, 0.02, 50.0)
-    with pytest.warns(UserWarning, match=r"does not take \['temperature'\]"):
-        swapped = loss_from_config({"name": "softbin", "temperature": 0.01})
+    with pytest.raises(ValueError, match=r"does not take \['temperature'\]"):
+        loss_from_config({"name": "softbin", "temperature": 0.01})
+    swapped = loss_from_config({"name": "softbin", "gsap": {"temperature": 0.01}})
     assert type(swapped).__name__ == "SoftBinAPLoss"
-    with pytest.raises(ValueError, match="unknown key.*num_bin"):
+    with pytest.raises(ValueError, match="does not take.*num_bin"):
         loss_from_config({"name": "gsoftbin", "num_bin": 20})
 
 
@@ -153,19 +154,20 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "mnist_gsap.
 
 
 def test_recipe_loss_swap_by_one_flag_builds_the_new_losses():
-    """``--model.loss.name gsoftbin`` on a recipe: parsed and instantiated, other keys kept."""
+    """``--model.loss.name gsoftbin`` on a recipe: parsed and instantiated with its own values."""
     from rl_gap.training.cli import run_lightning_cli
 
     argv = ["--config", str(RECIPE), "--wandb", "off"]
-    with pytest.warns(UserWarning, match=r"does not take \['temperature'\]"):
-        cli = run_lightning_cli(
-            argv + ["--model.loss.name", "gsoftbin", "--model.loss.num_bins", "20"], run=False
-        )
+    cli = run_lightning_cli(
+        argv + ["--model.loss.name", "gsoftbin", "--model.loss.num_bins", "20"], run=False
+    )
     assert type(cli.model.loss_fn).__name__ == "GlobalSoftBinAPLoss"
     assert (cli.model.loss_fn.num_bins, cli.model.loss_fn.neg_drop) == (20, 0.0)
-    cli = run_lightning_cli(argv + ["--model.loss.name", "gsupap"], run=False)
+    cli = run_lightning_cli(
+        argv + ["--model.loss.name", "gsupap", "--model.loss.rho", "50"], run=False
+    )
     assert type(cli.model.loss_fn).__name__ == "GlobalSupAPLoss"
-    assert cli.model.loss_fn.temperature == 0.01  # the recipe's τ reaches the new loss
+    assert (cli.model.loss_fn.temperature, cli.model.loss_fn.rho) == (0.01, 50.0)  # its defaults
 
 
 @pytest.mark.parametrize("name", ["gsoftbin", "gblackbox", "gsupap"])

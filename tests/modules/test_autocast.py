@@ -49,8 +49,8 @@ def _flat_sap(scores: torch.Tensor, positive: torch.Tensor, tau: float) -> torch
 def _softbin_list(scores, positive, num_bins=10, sim_range=(-1.0, 1.0)):
     """FastAP with triangular bins over the similarity range, dense (L × n kernel)."""
     low, high = sim_range
-    width = (high - low) / (num_bins - 1)
-    centres = high - width * torch.arange(num_bins, dtype=scores.dtype)
+    width = (high - low) / num_bins  # num_bins intervals, num_bins + 1 centres (FastAP)
+    centres = high - width * torch.arange(num_bins + 1, dtype=scores.dtype)
     kernel = (1 - (scores.clamp(low, high)[None, :] - centres[:, None]).abs() / width).clamp(min=0)
     hist, hist_pos = kernel.sum(1), (kernel * positive.to(scores.dtype)).sum(1)
     cum, cum_pos = hist.cumsum(0), hist_pos.cumsum(0)
@@ -172,6 +172,23 @@ def _surrogate(list_ap, global_ranking):
     return reference
 
 
+def _calibration(sim, rel, valid, pos_margin=0.9, neg_margin=0.6):
+    """ROADMAP's calibration: mean non-zero positive hinge + mean non-zero negative hinge."""
+    pos = (pos_margin - sim[rel & valid]).clamp(min=0)
+    neg = (sim[~rel & valid] - neg_margin).clamp(min=0)
+    return sum(h.sum() / max(int((h > 0).sum()), 1) for h in (pos, neg))
+
+
+def _roadmap(global_ranking):
+    ap_term = _surrogate(_supap_list, global_ranking)
+
+    def reference(sim, rel, valid, pos_margin=0.9, neg_margin=0.6, calibration_weight=1.0, **kw):
+        calib = _calibration(sim, rel, valid, pos_margin, neg_margin)
+        return ap_term(sim, rel, valid, **kw) + calibration_weight * calib
+
+    return reference
+
+
 REFERENCES: dict[str, Callable[..., torch.Tensor]] = {
     "gsap": ref_gsap,
     "msap": ref_msap,
@@ -183,6 +200,8 @@ REFERENCES: dict[str, Callable[..., torch.Tensor]] = {
     "gblackbox": _surrogate(_blackbox_list, True),
     "supap": _surrogate(_supap_list, False),
     "gsupap": _surrogate(_supap_list, True),
+    "roadmap": _roadmap(False),
+    "groadmap": _roadmap(True),
 }
 
 _ALL_CONFIGS = [
@@ -201,6 +220,8 @@ _ALL_CONFIGS = [
     {"name": "gblackbox", "lambda_val": 4.0, "margin": 0.02},
     {"name": "supap", "temperature": TAU, "symmetric": True},
     {"name": "gsupap", "temperature": TAU},
+    {"name": "roadmap", "temperature": TAU, "neg_drop": 0.5},
+    {"name": "groadmap", "temperature": TAU, "neg_margin": 0.3},
 ]
 # Losses are registered by importing rl_gap.losses; a reference without its loss
 # (not registered in this tree) is skipped, a loss without a reference fails below.

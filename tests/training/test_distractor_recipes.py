@@ -93,8 +93,8 @@ def test_missing_dataset_names_the_layout(tmp_path, run_dir):
 def test_recipes_parse_with_paper_values(recipe):
     cli = run_lightning_cli(["--config", str(recipe), *TINY], run=False)
     assert cli.model.loss_config["name"] == "gsap"
-    assert cli.model.loss_config["temperature"] == 0.001  # paper §C.4
-    assert cli.model.loss_config["neg_drop"] == 0.9  # paper §C.4
+    assert cli.model.loss_fn.temperature == 0.001  # paper §C.4
+    assert cli.model.loss_fn.neg_drop == 0.9  # paper §C.4
 
 
 @pytest.mark.parametrize(

@@ -229,8 +229,8 @@ def test_wandb_resolved_config_stable_id_and_options(run_dir):
         recipe = yaml.safe_load(RECIPE.read_text())
         # the whole resolved config: recipe values, overrides, defaults of unset keys
         assert (
-            config["model.init_args.loss.temperature"]
-            == recipe["model"]["init_args"]["loss"]["temperature"]
+            config["model.init_args.loss.gsap.temperature"]
+            == recipe["model"]["init_args"]["loss"]["gsap"]["temperature"]
         )
         assert config["data.init_args.m_per_class"] == recipe["data"]["init_args"]["m_per_class"]
         assert config["trainer.max_epochs"] == 1 and config["wandb_group"] == "g1"

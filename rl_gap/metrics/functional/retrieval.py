@@ -126,11 +126,11 @@ def consistency_ceiling(
     scores: Tensor, rel: Tensor, valid: Tensor | None = None
 ) -> dict[str, Tensor]:
     """Consistency ceiling C (a lower bound on the best order-preserving
-    interleaving's gAP, see ``ceiling.py``) and ``efficiency = gAP / C``."""
+    interleaving's gAP, see ``ceiling.py``), its upper bound ``ceiling_upper``,
+    ``ceiling_gap`` = upper − C, and ``efficiency = gAP / C``."""
     state = state_from_scores(scores, rel, valid)
-    ceiling = ceiling_from_state(state)["ceiling"]
+    result = ceiling_from_state(state)
     gap = float(ranking.global_ap_from_state(state))
-    return {
-        "ceiling": _out(torch.tensor(ceiling, dtype=torch.float64), scores),
-        "efficiency": _out(torch.tensor(gap / ceiling, dtype=torch.float64), scores),
-    }
+    result["efficiency"] = gap / result["ceiling"]
+    keys = ("ceiling", "ceiling_upper", "ceiling_gap", "efficiency")
+    return {k: _out(torch.tensor(result[k], dtype=torch.float64), scores) for k in keys}

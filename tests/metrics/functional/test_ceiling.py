@@ -15,6 +15,7 @@ import torch
 
 from rl_gap.metrics.functional import state_from_scores
 from rl_gap.metrics.functional.ceiling import (
+    blocks_from_state,
     ceiling_from_state,
     chains_from_state,
     greedy_ap,
@@ -24,42 +25,52 @@ from rl_gap.metrics.functional.ceiling import (
 from rl_gap.metrics.functional.state import unique_sorted
 
 
-def _ap(gaps: list[int]) -> float:
-    items, total = 0, 0.0
-    for hit, gap in enumerate(gaps, start=1):
-        items += gap + 1
-        total += hit / items
-    return total / len(gaps)
+def _ap(gaps: list[int], sizes: list[int] | None = None) -> float:
+    """AP of blocks in order: gap negatives, then `size` tied positives (precision at block end)."""
+    sizes = [1] * len(gaps) if sizes is None else sizes
+    items, hits, total = 0, 0, 0.0
+    for gap, size in zip(gaps, sizes):
+        items += gap + size
+        hits += size
+        total += size * hits / items
+    return total / hits
 
 
-def _greedy_reference(chains: list[np.ndarray]) -> list[int]:
+def _greedy_reference(chains: list[np.ndarray]) -> list[tuple[int, int]]:
     """Pop the head block with the fewest negatives (ties: lower chain, earlier block)."""
     heap = [(int(g[0]), c, 0) for c, g in enumerate(chains) if g.size]
     heapq.heapify(heap)
     out = []
     while heap:
         gap, c, j = heapq.heappop(heap)
-        out.append(gap)
+        out.append((c, j))
         if j + 1 < chains[c].size:
             heapq.heappush(heap, (int(chains[c][j + 1]), c, j + 1))
     return out
 
 
-def _ratio_rule_reference(chains: list[np.ndarray]) -> list[tuple[int, int]]:
+def _ratio_rule_reference(chains, sizes=None) -> list[tuple[int, int]]:
     """Per chain, merge adjacent blocks while the later one is strictly denser;
     then all segments by decreasing density, ties in (chain, position) order."""
-    segments = []  # (positives, length, chain, first block)
+    sizes = [np.ones_like(c) for c in chains] if sizes is None else sizes
+    segments = []  # (positives, length, chain, first block, blocks)
     for c, gaps in enumerate(chains):
         stack: list[list[int]] = []
-        for j, gap in enumerate(gaps.tolist()):
-            stack.append([1, gap + 1, j])
+        for j, (gap, k) in enumerate(zip(gaps.tolist(), sizes[c].tolist())):
+            stack.append([k, gap + k, j, 1])
             while len(stack) > 1 and stack[-1][0] * stack[-2][1] > stack[-2][0] * stack[-1][1]:
-                pos, length, _ = stack.pop()
+                pos, length, _, blocks = stack.pop()
                 stack[-1][0] += pos
                 stack[-1][1] += length
-        segments += [(pos, length, c, first) for pos, length, first in stack]
+                stack[-1][3] += blocks
+        segments += [(pos, length, c, first, n) for pos, length, first, n in stack]
     segments.sort(key=lambda s: -(s[0] / s[1]))  # list.sort is stable
-    return [(c, first + j) for pos, _, c, first in segments for j in range(pos)]
+    return [(c, first + j) for _, _, c, first, n in segments for j in range(n)]
+
+
+def _pick(order, gaps, sizes) -> tuple[list[int], list[int]]:
+    """The (gaps, sizes) of the blocks ``(chain, block)`` in ``order``."""
+    return [int(gaps[c][j]) for c, j in order], [int(sizes[c][j]) for c, j in order]
 
 
 def _random_chains(rng: np.random.Generator) -> list[np.ndarray]:
@@ -84,7 +95,17 @@ def test_greedy_and_ratio_rule_match_reference_schedules():
         assert ratio_rule_ap(chains) == pytest.approx(
             _ap([int(chains[c][j]) for c, j in rule_order]), abs=1e-12
         )
-        assert greedy_ap(chains) == pytest.approx(_ap(greedy), abs=1e-12)
+        assert greedy_ap(chains) == pytest.approx(
+            _ap([int(chains[c][j]) for c, j in greedy]), abs=1e-12
+        )
+        # Blocks of several tied positives: the same schedules, weighted.
+        sizes = [rng.integers(1, 4, c.size) for c in chains]
+        rule_order = _ratio_rule_reference(chains, sizes)
+        assert ratio_rule_order(chains, sizes) == rule_order
+        rule_ap = _ap(*_pick(rule_order, chains, sizes))
+        assert ratio_rule_ap(chains, sizes) == pytest.approx(rule_ap, abs=1e-12)
+        greedy_ap_ref = _ap(*_pick(greedy, chains, sizes))
+        assert greedy_ap(chains, sizes) == pytest.approx(greedy_ap_ref, abs=1e-12)
 
 
 def test_ceiling_from_state_matches_reference_on_tied_scores():
@@ -94,21 +115,28 @@ def test_ceiling_from_state_matches_reference_on_tied_scores():
         rel = torch.rand(*shape, generator=g) < rate
         state = state_from_scores(scores, rel)
         # Chains straight from the matrix: per query, pessimistic ties (negatives first).
-        chains = []
+        chains, blocks, sizes = [], [], []
         for q in range(shape[0]):
             pos = sorted(scores[q][rel[q]].tolist(), reverse=True)
             neg = scores[q][~rel[q]]
             ge = [int((neg >= s).sum()) for s in pos]
             if ge:
                 chains.append(np.diff(np.asarray(ge), prepend=0))
+                levels_q = sorted(set(pos), reverse=True)  # one block per tie group
+                ge_q = [int((neg >= s).sum()) for s in levels_q]
+                blocks.append(np.diff(np.asarray(ge_q), prepend=0))
+                sizes.append(np.asarray([pos.count(s) for s in levels_q]))
         got = chains_from_state(state)
         assert len(got) == len(chains) and all(map(np.array_equal, got, chains))
+        got_blocks, got_sizes = blocks_from_state(state)
+        assert all(map(np.array_equal, got_blocks, blocks))
+        assert all(map(np.array_equal, got_sizes, sizes))
         out = ceiling_from_state(state)
-        rule = _ap([int(chains[c][j]) for c, j in _ratio_rule_reference(chains)])
-        greedy = _ap(_greedy_reference(chains))
+        rule = _ap(*_pick(_ratio_rule_reference(blocks, sizes), blocks, sizes))
+        greedy = _ap(*_pick(_greedy_reference(blocks), blocks, sizes))
         assert out["ceiling_rule"] == pytest.approx(rule, abs=1e-12)
         assert out["ceiling_greedy"] == pytest.approx(greedy, abs=1e-12)
-        assert out["ceiling"] == max(out["ceiling_rule"], out["ceiling_greedy"])
+        assert out["ceiling"] >= max(out["ceiling_rule"], out["ceiling_greedy"])
 
 
 def test_unique_sorted_integers_and_floats():
