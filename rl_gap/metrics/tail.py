@@ -65,11 +65,21 @@ def state_from_scores(
     capacity: int,
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
     keyed: bool = False,
+    seed: int = 0,
+    shuffle: bool = True,
 ) -> NestedTopK:
-    """Top-T state of a full (Q, S) sample score matrix; nested levels are column prefixes.
+    """Top-T state of a full (Q, S) sample score matrix with nested random sub-samples.
 
-    ``keyed``: key each kept score by its column (column j is one distractor
-    for every query), for the joint nested bootstrap.
+    The columns are permuted with ``seed`` first and the nested levels
+    (S/8 ⊂ S/4 ⊂ S/2 ⊂ S) are prefixes of that permutation: a sample handed
+    over in a non-random column order (sorted, grouped by source) would
+    otherwise give sub-samples that are not random, and break the curve fits
+    and the sufficient-budget check that compare them.
+
+    ``keyed``: key each kept score by its (original) column (column j is one
+    distractor for every query), for the joint nested bootstrap.
+    ``shuffle=False`` keeps the column order (levels are plain prefixes): only
+    for columns already in random order, or to build non-exchangeable levels on purpose.
     """
     if not isinstance(sample_scores, torch.Tensor) or sample_scores.dim() != 2:
         raise ValueError(
@@ -82,14 +92,19 @@ def state_from_scores(
         raise ValueError("the distractor sample is empty (sample_scores has 0 columns)")
     dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
     state = NestedTopK(Q, capacity, fractions, dtype=dtype, keyed=keyed)
+    perm = (
+        torch.randperm(S, generator=torch.Generator().manual_seed(seed))
+        if shuffle
+        else torch.arange(S)
+    )
     bounds = [0] + [int(round(f * S)) for f in fractions]
     for p in range(len(fractions)):
         for start in range(bounds[p], bounds[p + 1], 65536):
-            block = sample_scores[:, start : min(bounds[p + 1], start + 65536)]
+            cols = perm[start : min(bounds[p + 1], start + 65536)]
+            block = sample_scores[:, cols.to(sample_scores.device)]
             if not bool(torch.isfinite(block).all()):
                 raise ValueError("sample_scores contains NaN or ±inf")
-            keys = torch.arange(start, start + block.shape[1]) if keyed else None
-            state.push(block, p, keys)
+            state.push(block, p, cols if keyed else None)
     return state
 
 
@@ -114,8 +129,8 @@ def predict_map(
     Args:
         pos_scores: (Q, m) positive scores per query, NaN-padded; queries with
             no positive are excluded (and counted in ``n_excluded``).
-        sample_scores: (Q, S) scores of an i.i.d. distractor sample (in random
-            order: its prefixes serve as the nested sub-samples).
+        sample_scores: (Q, S) scores of an i.i.d. distractor sample (any column
+            order: the nested sub-samples are prefixes of a seeded permutation).
         gallery_size: N, the number of distractors to predict for (≥ S).
         k: AP cut-off (≥ 1).
         estimator: "tail" (default: GPD with parameter uncertainty, predictive
@@ -130,7 +145,7 @@ def predict_map(
             one distractor); 0 = off. Gives ``nested_ci`` and ``sample_noise_sd``.
         budget: add the S/4, S/2, S sufficient-budget diagnostic.
         config: EVT settings (top 4000, 95th percentile, < 5 count rule).
-        seed: bootstrap seed.
+        seed: bootstrap seed, and the seed of the column permutation.
         bayes: settings of the ``tail`` estimator.
 
     Returns:
@@ -143,7 +158,9 @@ def predict_map(
         )
     check_positive_scores(pos_scores, sample_scores.shape[0])
     _check_common(gallery_size, sample_scores.shape[1], k, estimator, rank_law)
-    state = state_from_scores(sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0)
+    state = state_from_scores(
+        sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0, seed=seed
+    )
     predictor = TailPredictor(pos_scores, state, k, config, seed, bayes)
     return predictor.estimate(
         estimator, gallery_size, rank_law, n_boot, confidence, nested_boot, budget
