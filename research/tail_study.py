@@ -253,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['world']:>16} truth {row['truth']:.3f} {errs} {row.get('flags', '')}", flush=True
         )
-    all_candidates = [c for c in CANDIDATES if all(c in r for r in rows)]
-    print_summary(rows, all_candidates, args.split)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "args": vars(args)}, f, indent=1)
+    all_candidates = [c for c in CANDIDATES if all(c in r for r in rows)]
+    print_summary(rows, all_candidates, args.split)
     return 0
 
 

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=1000, help="AP cut-off (mAP@k)")
     parser.add_argument(
         "--estimators",
-        default="sample,count,evt,tail",
+        default="sample,count,evt,evt_support,tail",
         help=f"comma-separated subset of {','.join(ESTIMATORS)}",
     )
     parser.add_argument(

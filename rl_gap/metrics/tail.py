@@ -8,13 +8,14 @@ from an i.i.d. distractor sample of size S predicts AP@k at any N (docs/definiti
 
 ```python
 from rl_gap.metrics.tail import predict_map
-est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # estimator="tail"
+est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # "evt_support"
 est.map, est.ci, est.per_query
 ```
 
-Estimators (``docs/tail_extrapolation.md``): ``tail`` (default; GPD tail with
-parameter uncertainty and the predictive rank law), ``evt`` (the paper's
-plug-in GPD), ``count``, ``sample`` and the paper's baselines ``single_x``,
+Estimators (``docs/tail_extrapolation.md``, ``docs/tail_validation.md``):
+``evt_support`` (default; the paper's plug-in GPD with the shape bound following
+the score support), ``tail`` (GPD tail with parameter uncertainty and the
+predictive rank law), ``evt`` (the paper's plug-in GPD), ``count``, ``sample`` and the paper's baselines ``single_x``,
 ``powerlaw``, ``loguniform``.
 
 and :class:`TailPredictor` for the streaming state (:class:`NestedTopK`) that
@@ -133,9 +134,10 @@ def predict_map(
             order: the nested sub-samples are prefixes of a seeded permutation).
         gallery_size: N, the number of distractors to predict for (≥ S).
         k: AP cut-off (≥ 1).
-        estimator: "tail" (default: GPD with parameter uncertainty, predictive
-            E[AP@k]), "evt" (the paper's plug-in GPD), "count", "sample", or the
-            baselines "single_x", "powerlaw", "loguniform".
+        estimator: "evt_support" (default: the paper's plug-in GPD, ξ bound
+            following the score support), "tail" (GPD with parameter uncertainty,
+            predictive E[AP@k]), "evt" (the paper's plug-in GPD), "count",
+            "sample", or the baselines "single_x", "powerlaw", "loguniform".
         rank_law: None = the estimator's own ("predictive" for tail, "plugin"
             otherwise); "plugin" expected ranks (paper) or "binomial"/"poisson" E[AP@k].
         n_boot: query-bootstrap replicates for ``ci``.

@@ -51,7 +51,8 @@ class TailExtrapolatedMAP(Metric):
     Args:
         gallery_size: N, the gallery size to predict for.
         k: AP cut-off.
-        estimator: "tail" (default: tail-aware with parameter uncertainty),
+        estimator: "evt_support" (default: plug-in GPD, ξ bound following the
+            score support), "tail" (tail-aware with parameter uncertainty),
             "evt" (plug-in GPD), "count", "sample", or a baseline
             ("single_x", "powerlaw", "loguniform").
         rank_law: None (the estimator's own), "plugin" (expected ranks) or
