@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=1000, help="AP cut-off (mAP@k)")
     parser.add_argument(
         "--estimators",
-        default="sample,count,evt,tail",
+        default="sample,count,evt,evt_support,tail",
         help=f"comma-separated subset of {','.join(ESTIMATORS)}",
     )
     parser.add_argument(
@@ -382,7 +382,8 @@ def _print_table(out: dict) -> None:
         title=f"mAP@{out['k']} predicted at N = {out['gallery_size']:,} from S = {out['sample_size']:,} "
         f"({out['n_queries']} queries, {out['n_excluded']} without positives excluded)"
     )
-    for col in ("estimator", f"mAP@{out['k']}", "95% CI", "budget S/4 · S/2 · S", "notes"):
+    columns = ("estimator", f"mAP@{out['k']}", "95% CI", "CI + threshold", "budget S/4 · S/2 · S")
+    for col in (*columns, "supported", "notes"):
         table.add_column(col)
     for name, r in out["estimators"].items():
         budget = r.get("budget")
@@ -400,11 +401,18 @@ def _print_table(out: dict) -> None:
                 f"joint CI [{r['nested_ci'][0]:.4f}, {r['nested_ci'][1]:.4f}] "
                 f"(distractor-sample sd {r['sample_noise_sd']:.4f})"
             )
+        total = r.get("ci_total")
+        if "flags" in r:
+            supported = "yes" if r["supported"] else "NO: " + "; ".join(r["flags"])
+        else:
+            supported = ""
         table.add_row(
             name,
             f"{r['map']:.4f}",
             f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}]",
+            f"[{total[0]:.4f}, {total[1]:.4f}]" if total else "",
             budget_txt,
+            supported,
             "; ".join(notes),
         )
     Console().print(table)

@@ -243,7 +243,7 @@ def test_bias_replicates_option_reaches_the_tail_estimator(tmp_path):
         assert main([*common, "--bias-replicates", str(replicates), "--json", str(out)]) == 0
         maps[replicates] = json.loads(out.read_text())["estimators"]["tail"]["map"]
         ref = predict_map(
-            pos, sample, gallery_size=60_000, k=100, n_boot=20,
+            pos, sample, gallery_size=60_000, k=100, n_boot=20, estimator="tail",
             bayes=BayesTailConfig(bias_replicates=replicates),
         )  # fmt: skip
         assert maps[replicates] == pytest.approx(ref.map, abs=1e-5)

@@ -32,7 +32,8 @@ def shifted_halves():
     u = half.sort(1, descending=True).values[:, 100]  # the half's threshold (100 exceedances)
     # ρ = P(Y > s − u) = 4e-3 (band 1e-3–1e-2) and 4.5e-5 (band < 1e-3).
     pos = torch.stack([u + 5.5, u + 10.0], 1)
-    predictor = TailPredictor(pos, state_from_scores(scores, 4000), k=100)
+    # Unshuffled: the nested half is the first half of the columns, on purpose.
+    predictor = TailPredictor(pos, state_from_scores(scores, 4000, shuffle=False), k=100)
     return predictor, pos, half, other
 
 
@@ -45,7 +46,7 @@ def exponential_population():
     u = sample.sort(1, descending=True).values[:, 100]
     pos = torch.stack([u + 6.5, u + 8.0], 1)  # ρ = 1.5e-3 and 3.4e-4: beyond the sampled maximum
     predictor = TailPredictor(pos, state_from_scores(sample, 4000), k=100)
-    population = state_from_scores(torch.cat([sample, extra], 1), 4000)
+    population = state_from_scores(torch.cat([sample, extra], 1), 4000, shuffle=False)
     return predictor, population, pos, sample, extra
 
 
@@ -96,8 +97,10 @@ def test_population_check_counts_the_rest_of_the_population(exponential_populati
 
     # The half against everything it did not see: the sample's other half and the extra scores.
     check = out_of_sample_check(predictor, population=population)
-    unreached = _above(sample[:, : S // 2], pos) == 0
-    rest = torch.cat([sample[:, S // 2 :], extra], 1)
+    # The nested half: the first half of the columns permuted with the seed (0).
+    perm = torch.randperm(S, generator=torch.Generator().manual_seed(0))
+    unreached = _above(sample[:, perm[: S // 2]], pos) == 0
+    rest = torch.cat([sample[:, perm[S // 2 :]], extra], 1)
     assert check.other_size == 4 * S - S // 2
     assert int(check.positives.sum()) == int(unreached.sum())
     assert float(check.actual.sum()) == float(_above(rest, pos)[unreached].sum())

@@ -56,10 +56,16 @@ def test_tail_predicts_closed_form_worlds_at_20x(name):
     N, k = 2_000_000, 1000
     ps, valid, j = sort_positives(pos)
     truth = float(ap_at_k_from_hardness(j, valid, survival(ps), N, k, "binomial").mean())
-    est = predict_map(pos, sample, gallery_size=N, k=k, n_boot=200)
+    est = predict_map(pos, sample, gallery_size=N, k=k, n_boot=200, estimator="tail")
     assert abs(est.map - truth) < 0.012
     uncorrected = predict_map(
-        pos, sample, gallery_size=N, k=k, n_boot=10, bayes=BayesTailConfig(bias_replicates=0)
+        pos,
+        sample,
+        gallery_size=N,
+        k=k,
+        n_boot=10,
+        estimator="tail",
+        bayes=BayesTailConfig(bias_replicates=0),
     )
     assert abs(est.map - truth) < abs(uncorrected.map - truth)
 

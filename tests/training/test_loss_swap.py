@@ -17,7 +17,7 @@ import yaml
 from rl_gap.losses import get_loss_class, loss_from_config
 from rl_gap.training.cli import run_lightning_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "recipes" / "demo" / "mnist_distractor_gsap.yaml"
 RECIPES = sorted((ROOT / "recipes").glob("*/*.yaml"))
 

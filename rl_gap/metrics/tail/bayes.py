@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_gap.metrics.tail.gpd import profile_on_xi_grid
 from rl_gap.metrics.tail.hardness import threshold_excesses
 
 
@@ -60,7 +61,7 @@ class BayesTailConfig:
             queries' tails: queries borrow strength from each other) or
             "flat" (uniform on [xi_min, xi_max]).
         integrate_shape: at each θ, integrate the exceedance probability over
-            the shape ξ (closed form, :func:`shape_integrated_survival`)
+            the shape ξ over its support under the prior (:func:`shape_integrated_survival`)
             instead of plugging in ξ̂(θ).
         bias_replicates: simulated samples from the fitted tail for the
             bootstrap bias correction of the tail positives (``bias``);
@@ -94,6 +95,8 @@ class GPDPosterior:
         weight: (Q, G) posterior weights (rows sum to 1).
         n_u: (Q,) (weighted) exceedances; zeta: (Q,) n_u / S.
         ok: (Q,) False where the tail is degenerate (the estimator counts).
+        xi_min, xi_max: the shape's support; prior_mean, prior_sd: the normal
+            prior on ξ (None: flat), which the shape integration also uses.
     """
 
     threshold: torch.Tensor
@@ -103,6 +106,10 @@ class GPDPosterior:
     n_u: torch.Tensor
     zeta: torch.Tensor
     ok: torch.Tensor
+    xi_min: float = -1.0
+    xi_max: float = 0.5
+    prior_mean: float | None = None
+    prior_sd: float | None = None
 
     @property
     def xi_mean(self) -> torch.Tensor:
@@ -110,77 +117,15 @@ class GPDPosterior:
         return (self.weight * self.xi).sum(1)
 
 
-def _xi_hat(t: torch.Tensor, y: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor) -> torch.Tensor:
-    """ξ̂(t) = weighted mean of log1p(t·y) per row; t (Q, G), y and w (Q, n)."""
-    logs = torch.log1p(t.unsqueeze(-1) * y.unsqueeze(1))
-    return (logs * w.unsqueeze(1)).sum(-1) / wsum.unsqueeze(1)
-
-
-def profile_on_xi_grid(
-    excess: torch.Tensor,
-    weight: torch.Tensor,
-    xi_grid: torch.Tensor,
-    bisections: int = 12,
-    newton_steps: int = 6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPD likelihood along the θ-profile, at the θ whose best shape is each grid ξ.
-
-    With θ = ξ/σ (= −1/endpoint for ξ < 0), for fixed θ the likelihood is
-    maximised by ``ξ̂(θ) = mean log1p(θ·y)``, an increasing function of θ, so
-    the profile over θ can be indexed by ξ = ξ̂(θ). For each grid ξ
-    the θ with ξ̂(θ) = ξ is found by bisection then Newton steps (in t = θ·max y), and
-    ``σ = ξ/θ``, ``ℓ = −n (log σ + ξ + 1)``.
-
-    Args:
-        excess: (Q, n) excesses ≥ 0 (entries with weight 0 are padding).
-        weight: (Q, n) non-negative weights; rows need a positive max excess.
-        xi_grid: (G,) shapes, none exactly 0.
-        bisections, newton_steps: root-finding steps.
-
-    Returns:
-        sigma (Q, G) and loglik (Q, G), float64.
-    """
-    y = excess.to(torch.float64)
-    w = weight.to(torch.float64)
-    ymax = torch.where(w > 0, y, torch.zeros_like(y)).amax(1).clamp_min(1e-300)
-    ys = (y / ymax.unsqueeze(1)).clamp(0.0, 1.0)
-    wsum = w.sum(1).clamp_min(1e-300)
-    ybar = ((ys * w).sum(1) / wsum).clamp(1e-12, 1.0)
-    Q, G = y.shape[0], xi_grid.numel()
-    xi = xi_grid.to(torch.float64).unsqueeze(0).expand(Q, G)
-    # Brackets from concavity of y ↦ log1p(t·y) on [0, 1]: y·log1p(t) ≤ log1p(t·y) ≤ t·y.
-    neg = xi < 0
-    ratio = xi / ybar.unsqueeze(1)
-    lo = torch.where(neg, ratio.clamp_min(-1.0 + 1e-15), torch.expm1(xi))
-    hi = torch.where(neg, torch.expm1(ratio).clamp(max=-1e-300), torch.expm1(ratio.clamp(max=700)))
-    # Bisection in log1p(t): geometric near the pole t = −1, where roots of very negative ξ sit.
-    lo, hi = torch.log1p(lo), torch.log1p(hi)
-    for _ in range(bisections):
-        mid = 0.5 * (lo + hi)
-        below = _xi_hat(torch.expm1(mid), ys, w, wsum) < xi
-        lo = torch.where(below, mid, lo)
-        hi = torch.where(below, hi, mid)
-    lo, hi = torch.expm1(lo), torch.expm1(hi)
-    # ξ̂ is concave and increasing in t: Newton from the left end of the
-    # bracket converges monotonically from below, never overshooting.
-    t, floor = lo, lo
-    for _ in range(newton_steps):
-        step_t = t.unsqueeze(-1) * ys.unsqueeze(1)
-        value = (torch.log1p(step_t) * w.unsqueeze(1)).sum(-1) / wsum.unsqueeze(1)
-        slope = (ys.unsqueeze(1) / (1.0 + step_t) * w.unsqueeze(1)).sum(-1) / wsum.unsqueeze(1)
-        newton = torch.clamp(t - (value - xi) / slope.clamp_min(1e-300), floor, hi)
-        # At t = −1 (root next to the pole) ξ̂ is −inf: bisect towards hi instead.
-        t = torch.where(torch.isfinite(value), newton, 0.5 * (t + hi))
-    xi_t = _xi_hat(t, ys, w, wsum)
-    sigma = xi_t * ymax.unsqueeze(1) / t
-    loglik = -wsum.unsqueeze(1) * (torch.log(sigma) + xi_t + 1.0)
-    usable = torch.isfinite(loglik) & (sigma > 0)
-    # A shape the data cannot reach (ξ̂ → −inf at the pole) has zero likelihood.
-    return torch.where(usable, sigma, 1.0), torch.where(usable, loglik, -math.inf)
-
-
 def empirical_log_prior(logw: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor) -> torch.Tensor:
-    """Log of the normal prior on ξ (on the grid) maximising the marginal likelihood.
+    """Log of the normal prior on ξ (on the grid) maximising the marginal likelihood."""
+    return empirical_prior(logw, ok, xi)[0]
+
+
+def empirical_prior(
+    logw: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor
+) -> tuple[torch.Tensor, float | None, float | None]:
+    """The normal prior on ξ maximising the marginal likelihood: (log weights, mean, sd).
 
     Args:
         logw: (Q, G) log-likelihood on the ξ grid (any per-row constant).
@@ -188,10 +133,11 @@ def empirical_log_prior(logw: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor) 
         xi: (G,) grid.
 
     Returns:
-        (G,) log prior weights (normalised on the grid); flat when no row is ok.
+        (G,) log prior weights (normalised on the grid), the prior's mean and sd;
+        flat (mean and sd None) when no row is ok.
     """
     if not bool(ok.any()):
-        return torch.full_like(xi, -math.log(xi.numel()))
+        return torch.full_like(xi, -math.log(xi.numel())), None, None
     like = torch.exp(logw[ok] - logw[ok].amax(1, keepdim=True))  # (q, G)
     lo, hi = float(xi.min()), float(xi.max())
     means = torch.linspace(lo, hi, 4 * xi.numel(), dtype=torch.float64)
@@ -202,30 +148,67 @@ def empirical_log_prior(logw: torch.Tensor, ok: torch.Tensor, xi: torch.Tensor) 
     marginal = torch.einsum("qg,mdg->mdq", like, prior).clamp_min(1e-300)
     score = torch.log(marginal).sum(-1)  # (M, D)
     best = int(score.argmax())
-    return torch.log(prior.reshape(-1, xi.numel())[best].clamp_min(1e-300))
+    log_prior = torch.log(prior.reshape(-1, xi.numel())[best].clamp_min(1e-300))
+    return log_prior, float(means[best // sds.numel()]), float(sds[best % sds.numel()])
 
 
 def shape_integrated_survival(
-    y: torch.Tensor, sigma: torch.Tensor, xi: torch.Tensor, n: torch.Tensor
+    y: torch.Tensor,
+    sigma: torch.Tensor,
+    xi: torch.Tensor,
+    n: torch.Tensor,
+    xi_min: float = -1.0,
+    xi_max: float = 0.5,
+    prior_mean: float | None = None,
+    prior_sd: float | None = None,
+    nodes: int = 64,
 ) -> torch.Tensor:
-    """Exceedance probability at excess y for fixed θ = ξ̂/σ, integrated over the shape.
+    """Exceedance probability at excess y for fixed θ = ξ̂/σ, averaged over the shape.
 
-    For fixed θ (σ = ξ/θ) the GPD likelihood of n excesses is
-    ``∝ |ξ|^(−n)·exp(−n·ξ̂/ξ)`` with ξ̂ = ξ̂(θ); under a flat prior on ξ,
-    ``|1/ξ| ~ Gamma(n − 1, rate n·|ξ̂|)``. Averaging ``P(Y > y) = (1 + θy)^(−1/ξ)``
-    over it gives ``(1 + log1p(θy)/(n·ξ̂))^(−(n−1))``: slightly heavier than
-    the plug-in ``(1 + θy)^(−1/ξ̂)``, more so deep in the tail.
-    Zero beyond the endpoint −1/θ (which depends on θ only).
+    For fixed θ (σ = ξ/θ, so ξ has the sign of θ) the GPD likelihood of n
+    excesses is ``∝ |ξ|^(−n)·exp(−n·ξ̂/ξ)`` with ξ̂ = ξ̂(θ). The shape is
+    averaged over the support ``[xi_min, xi_max]`` only, under the estimator's
+    prior on ξ (flat, or normal with ``prior_mean``/``prior_sd``, truncated to
+    the support): ``P(Y > y) = (1 + θy)^(−1/ξ) = exp(−|c|·v)`` with
+    ``c = log1p(θy)`` and ``v = 1/|ξ|``. In ``w = log v`` the likelihood is
+    ``exp((n − 1)·w − n·|ξ̂|·e^w)`` (a flat prior on ξ makes v Gamma(n − 1, n|ξ̂|)),
+    integrated by the midpoint rule on ``nodes`` points over ±10 standard
+    deviations of that law around its mode, clipped to the support. Zero
+    beyond the endpoint −1/θ. Slightly heavier than the plug-in
+    ``(1 + θy)^(−1/ξ̂)``, more so deep in the tail.
 
     Args:
-        y: excesses ≥ 0; sigma: σ̂(θ) > 0; xi: ξ̂(θ) ≠ 0; n: (weighted)
-            number of excesses ≥ 2 (all broadcasting).
+        y: (Q, m, 1) excesses ≥ 0; sigma: (Q, 1, G) σ̂(θ) > 0; xi: (1, 1, G)
+            ξ̂(θ) ≠ 0 inside [xi_min, xi_max]; n: (Q, 1, 1) (weighted) number of
+            excesses ≥ 2. Other shapes broadcasting to (Q, m, G) work too.
+        xi_min, xi_max: the shape's support (xi_min < 0 < xi_max).
+        prior_mean, prior_sd: the normal prior on ξ (None: flat).
+        nodes: quadrature points.
+
+    Returns:
+        (Q, m, G) float64.
     """
+    y, sigma, xi, n = (t.to(torch.float64) for t in (y, sigma, xi, n))
     theta = xi / sigma
     inside = 1.0 + theta * y
-    c = torch.log(inside.clamp_min(1e-300))
+    c = torch.log(inside.clamp_min(1e-300)).abs()  # (Q, m, G)
     n = n.clamp_min(2.0)
-    out = torch.exp(-(n - 1.0) * torch.log1p(c / (n * xi)))
+    a_xi = xi.abs().clamp_min(1e-12)
+    mode = torch.log((n - 1.0) / (n * a_xi))  # (Q, 1, G): mode of w = log(1/|ξ|)
+    sd = 1.0 / torch.sqrt(n - 1.0)
+    # v ≥ 1/|bound| on the side of ξ's sign (|ξ| ≤ the bound).
+    bound = torch.where(xi < 0, torch.full_like(xi, -xi_min), torch.full_like(xi, xi_max))
+    w_lo = torch.maximum(mode - 10.0 * sd, -torch.log(bound))
+    w_hi = torch.maximum(mode + 10.0 * sd, w_lo + 1e-9)
+    frac = (torch.arange(nodes, dtype=torch.float64) + 0.5) / nodes
+    w = w_lo.unsqueeze(-1) + (w_hi - w_lo).unsqueeze(-1) * frac  # (Q, 1, G, H)
+    v = torch.exp(w)
+    logf = (n - 1.0).unsqueeze(-1) * w - (n * a_xi).unsqueeze(-1) * v
+    if prior_mean is not None and prior_sd is not None:
+        shape = torch.where(xi.unsqueeze(-1) < 0, -1.0 / v, 1.0 / v)
+        logf = logf - 0.5 * ((shape - prior_mean) / prior_sd) ** 2
+    mass = torch.softmax(logf, dim=-1)  # the midpoint rule's equal widths cancel
+    out = (mass * torch.exp(-c.unsqueeze(-1) * v)).sum(-1)
     return torch.where(inside > 0, out, torch.zeros_like(out))
 
 
@@ -261,8 +244,10 @@ def gpd_posterior(
     xi = torch.where(xi.abs() < 1e-9, torch.full_like(xi, 1e-9), xi)
     sigma, loglik = profile_on_xi_grid(excess, w_exc_safe, xi)
     logw = loglik - loglik.amax(1, keepdim=True)
+    prior_mean = prior_sd = None
     if config.prior == "empirical":
-        logw = logw + empirical_log_prior(logw, ok, xi).unsqueeze(0)
+        log_prior, prior_mean, prior_sd = empirical_prior(logw, ok, xi)
+        logw = logw + log_prior.unsqueeze(0)
     elif config.prior != "flat":
         raise ValueError(f"unknown prior {config.prior!r}; known: empirical, flat")
     post = torch.exp(logw - logw.amax(1, keepdim=True))
@@ -275,4 +260,8 @@ def gpd_posterior(
         n_u=n_u,
         zeta=n_u / float(n_sample),
         ok=ok,
+        xi_min=config.xi_min,
+        xi_max=config.xi_max,
+        prior_mean=prior_mean,
+        prior_sd=prior_sd,
     )

@@ -14,15 +14,26 @@ from rl_gap.metrics.tail.rank_law import RANK_LAWS
 #: ``rank_law=None`` picks the estimator's own: "predictive" for tail, "plugin" otherwise.
 PREDICTIVE = "predictive"
 
-#: Every ``estimator=`` name. ``tail`` (the default) is the tail-aware estimator
-#: with GPD parameter uncertainty and the predictive rank law (``bayes``);
-#: ``evt`` the paper's plug-in GPD; ``count`` and ``sample`` its counting and
-#: naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its
+#: Every ``estimator=`` name. ``evt_support`` (the default) is the paper's plug-in
+#: GPD with the shape bound following the score support (ξ ≤ 0 for scores in
+#: [−1, 1], ξ ≤ 0.5 otherwise), chosen on held-out worlds (docs/tail_validation.md);
+#: ``tail`` the tail-aware estimator with GPD parameter uncertainty and the
+#: predictive rank law (``bayes``); ``evt`` the paper's plug-in GPD;
+#: ``count`` and ``sample`` its counting and naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its
 #: homogeneous-hardness and curve-fit baselines (``baselines``).
-ESTIMATORS = ("tail", "evt", "count", "sample", "single_x", "powerlaw", "loguniform")
-DEFAULT_ESTIMATOR = "tail"
+ESTIMATORS = (
+    "tail",
+    "evt",
+    "evt_support",
+    "count",
+    "sample",
+    "single_x",
+    "powerlaw",
+    "loguniform",
+)
+DEFAULT_ESTIMATOR = "evt_support"
 #: Estimators built on per-positive hardness (they have ``hardness`` and the budget diagnostic).
-HARDNESS_ESTIMATORS = ("tail", "evt", "count")
+HARDNESS_ESTIMATORS = ("tail", "evt", "evt_support", "count")
 
 
 @dataclass
@@ -45,6 +56,14 @@ class TailEstimate:
             sample), when requested; sample_noise_sd: std of the prediction
             over distractor-sample resamples alone.
         budget: sufficient-budget diagnostic, when requested.
+        flags: why the sample cannot support this prediction, one line per
+            failed check (threshold instability of the fitted tail, the S/4–S/2–S
+            sufficient-budget check; ``rl_gap.metrics.tail.diagnostics``); empty
+            when every check passed or none ran.
+        ci_total: ``ci`` (or ``nested_ci`` when computed) widened by the spread
+            of the prediction over GPD thresholds: the interval that also carries
+            the threshold (model-choice) uncertainty. None when not diagnosed.
+        diagnostics: the full :class:`~rl_gap.metrics.tail.diagnostics.Diagnostics`.
     """
 
     map: float
@@ -63,6 +82,14 @@ class TailEstimate:
     nested_ci: tuple[float, float] | None = None
     sample_noise_sd: float | None = None
     budget: dict | None = field(default=None)
+    flags: list[str] = field(default_factory=list)
+    ci_total: tuple[float, float] | None = None
+    diagnostics: object | None = None
+
+    @property
+    def supported(self) -> bool:
+        """False when a diagnostic check flagged the prediction (see ``flags``)."""
+        return not self.flags
 
     def to_dict(self) -> dict:
         """JSON-friendly summary (no per-positive tensors)."""
@@ -84,6 +111,11 @@ class TailEstimate:
             out["sample_noise_sd"] = self.sample_noise_sd
         if self.budget is not None:
             out["budget"] = self.budget
+        if self.diagnostics is not None:
+            out["flags"] = list(self.flags)
+            out["supported"] = self.supported
+            out["ci_total"] = list(self.ci_total)
+            out["diagnostics"] = self.diagnostics.as_dict()
         return out
 
 

@@ -12,6 +12,9 @@ scores (sorted descending, ``-inf`` padded when S < T):
   (the q-quantile of the top n_top = 4000), GPD fitted to the n excesses,
   ζ = n / S; where K_j < min_count and s_j ≥ u,
   x_j = ζ·(1 + ξ(s_j − u)/σ)^(−1/ξ), else the count.
+- ``evt_support``: ``evt`` with the shape bound following the score support:
+  ξ ≤ 0 when every score lies in [−1, 1] (cosine), else ξ ≤ 0.5 (unbounded
+  inner products can have power-law tails, which ξ ≤ 0 cuts off).
 
 All functions accept optional per-score weights (Q, T) (Poisson-bootstrap
 multiplicities of the sampled distractors) so that a resampled distractor
@@ -20,11 +23,12 @@ sample needs no re-materialisation.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail.gpd import fit_gpd, gpd_survival
+from rl_gap.metrics.tail.gpd import fit_gpd, gpd_survival, profile_on_xi_grid
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,10 @@ class TailConfig:
         min_count: use the fitted tail where fewer sampled distractors reach s_j (5).
         min_excesses: fewer (weighted) excesses → degenerate fit, fall back to counting.
         xi_min: lower bound on the GPD shape (−1; the upper bound is 0).
+        n_excess: if set, fit the top ``n_excess`` exceedances instead of the
+            quantile rule (threshold = the (n_excess + 1)-th largest score).
+        xi_max: upper bound on ξ (0: the paper's bounded-score tail; > 0 allows
+            heavy, power-law tails, fitted by profile likelihood on a ξ grid).
     """
 
     n_top: int = 4000
@@ -44,6 +52,12 @@ class TailConfig:
     min_count: int = 5
     min_excesses: float = 10.0
     xi_min: float = -1.0
+    n_excess: int | None = None
+    xi_max: float = 0.0
+
+
+#: ``evt_support``'s shape bound for scores outside [−1, 1] (unbounded inner products).
+UNBOUNDED_XI_MAX = 0.5
 
 
 DEFAULT_CONFIG = TailConfig()
@@ -124,13 +138,46 @@ def fit_tail(
     """
     top = top.to(torch.float64)
     n_eff = min(config.n_top, n_sample, top.shape[1])
-    n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
+    if config.n_excess is not None:
+        n_exc = max(1, min(int(config.n_excess), n_sample - 1, top.shape[1] - 1))
+    else:
+        n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
     u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
     gpd = fit_gpd(excess, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
+    if config.xi_max > 0:
+        gpd = _with_heavy_shapes(gpd, excess, w_exc, config)
     ok = gpd.ok & has_u
     return TailFit(
         threshold=u, sigma=gpd.sigma, xi=gpd.xi, zeta=w_exc.sum(1) / float(n_sample), ok=ok
     )
+
+
+def _with_heavy_shapes(gpd, excess: torch.Tensor, w_exc: torch.Tensor, config: TailConfig):
+    """Replace the ξ ≤ 0 fit by the profile-likelihood maximum over ξ ∈ (0, xi_max] where higher."""
+    ok = gpd.ok
+    width = excess.shape[1]
+    stand_in = torch.linspace(1.0, 0.01, width, dtype=torch.float64).unsqueeze(0)
+    y = torch.where(ok.unsqueeze(1), excess, stand_in.expand_as(excess))
+    w = torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))
+    grid = torch.linspace(0.0, config.xi_max, 61, dtype=torch.float64)[1:]
+    sigma, loglik = profile_on_xi_grid(y, w, grid)
+    best = loglik.argmax(1, keepdim=True)
+    ll = loglik.gather(1, best).squeeze(1)
+    take = ok & (ll > gpd.loglik)
+    return dataclasses.replace(
+        gpd,
+        sigma=torch.where(take, sigma.gather(1, best).squeeze(1), gpd.sigma),
+        xi=torch.where(take, grid[best.squeeze(1)], gpd.xi),
+        loglik=torch.where(take, ll, gpd.loglik),
+    )
+
+
+def scores_bounded(pos_sorted: torch.Tensor, valid: torch.Tensor, top: torch.Tensor) -> bool:
+    """True when every kept sample score and positive lies in [−1, 1] (cosine-like scores)."""
+    kept = top[torch.isfinite(top)]
+    pos = pos_sorted[valid]
+    inside = lambda t: t.numel() == 0 or bool(t.abs().max() <= 1.0 + 1e-6)  # noqa: E731
+    return inside(kept) and inside(pos)
 
 
 def threshold_excesses(
@@ -197,8 +244,15 @@ def estimate_hardness(
     x_count = counts / float(n_sample)
     if estimator == "count":
         return x_count, counts, None
-    if estimator != "evt":
-        raise ValueError(f"unknown hardness estimator {estimator!r}; known: count, evt")
+    if estimator not in ("evt", "evt_support"):
+        raise ValueError(
+            f"unknown hardness estimator {estimator!r}; known: count, evt, evt_support"
+        )
+    if estimator == "evt_support":
+        # The shape bound follows the score support: bounded (cosine) scores keep the
+        # paper's ξ ≤ 0, unbounded inner products may have a heavy (ξ > 0) tail.
+        bounded = scores_bounded(pos_sorted, valid, top)
+        config = dataclasses.replace(config, xi_max=0.0 if bounded else UNBOUNDED_XI_MAX)
     fit = fit_tail(top, n_sample, weight, config)
     x_tail = tail_hardness(pos_sorted, fit)
     use_tail = valid & (counts < config.min_count) & ~torch.isnan(x_tail)

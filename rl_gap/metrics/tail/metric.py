@@ -13,6 +13,7 @@ sample sizes summed.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torchmetrics import Metric
@@ -55,7 +56,8 @@ class TailExtrapolatedMAP(Metric):
     Args:
         gallery_size: N, the gallery size to predict for.
         k: AP cut-off.
-        estimator: "tail" (default: tail-aware with parameter uncertainty),
+        estimator: "evt_support" (default: plug-in GPD, ξ bound following the
+            score support), "tail" (tail-aware with parameter uncertainty),
             "evt" (plug-in GPD), "count", "sample", or a baseline
             ("single_x", "powerlaw", "loguniform").
         rank_law: None (the estimator's own), "plugin" (expected ranks) or
@@ -334,8 +336,20 @@ class TailExtrapolatedMAP(Metric):
         est = self.predictor().estimate(
             self.estimator, self.gallery_size, self.rank_law, self.n_boot
         )
-        return {
+        out = {
             "map": torch.tensor(est.map, dtype=torch.float64),
             "ci_low": torch.tensor(est.ci[0], dtype=torch.float64),
             "ci_high": torch.tensor(est.ci[1], dtype=torch.float64),
         }
+        if est.diagnostics is not None:
+            # Logged next to the prediction (W&B), and said once per compute.
+            out["supported"] = torch.tensor(float(est.supported), dtype=torch.float64)
+            out["ci_total_low"] = torch.tensor(est.ci_total[0], dtype=torch.float64)
+            out["ci_total_high"] = torch.tensor(est.ci_total[1], dtype=torch.float64)
+            if est.flags:
+                warnings.warn(
+                    f"TailExtrapolatedMAP ({self.estimator}, N = {self.gallery_size:,}): the "
+                    "sample cannot support this prediction: " + "; ".join(est.flags),
+                    stacklevel=2,
+                )
+        return out

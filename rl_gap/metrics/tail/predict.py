@@ -8,13 +8,14 @@ from an i.i.d. distractor sample of size S predicts AP@k at any N (docs/definiti
 
 ```python
 from rl_gap.metrics.tail import predict_map
-est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # estimator="tail"
+est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # "evt_support"
 est.map, est.ci, est.per_query
 ```
 
-Estimators (``docs/tail_extrapolation.md``): ``tail`` (default; GPD tail with
-parameter uncertainty and the predictive rank law), ``evt`` (the paper's
-plug-in GPD), ``count``, ``sample`` and the paper's baselines ``single_x``,
+Estimators (``docs/tail_extrapolation.md``, ``docs/tail_validation.md``):
+``evt_support`` (default; the paper's plug-in GPD with the shape bound following
+the score support), ``tail`` (GPD tail with parameter uncertainty and the
+predictive rank law), ``evt`` (the paper's plug-in GPD), ``count``, ``sample`` and the paper's baselines ``single_x``,
 ``powerlaw``, ``loguniform``.
 
 and :class:`TailPredictor` for the streaming state (:class:`NestedTopK`) that
@@ -42,11 +43,21 @@ def state_from_scores(
     capacity: int,
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
     keyed: bool = False,
+    seed: int = 0,
+    shuffle: bool = True,
 ) -> NestedTopK:
-    """Top-T state of a full (Q, S) sample score matrix; nested levels are column prefixes.
+    """Top-T state of a full (Q, S) sample score matrix with nested random sub-samples.
 
-    ``keyed``: key each kept score by its column (column j is one distractor
-    for every query), for the joint nested bootstrap.
+    The columns are permuted with ``seed`` first and the nested levels
+    (S/8 ⊂ S/4 ⊂ S/2 ⊂ S) are prefixes of that permutation: a sample handed
+    over in a non-random column order (sorted, grouped by source) would
+    otherwise give sub-samples that are not random, and break the curve fits
+    and the sufficient-budget check that compare them.
+
+    ``keyed``: key each kept score by its (original) column (column j is one
+    distractor for every query), for the joint nested bootstrap.
+    ``shuffle=False`` keeps the column order (levels are plain prefixes): only
+    for columns already in random order, or to build non-exchangeable levels on purpose.
     """
     if not isinstance(sample_scores, torch.Tensor) or sample_scores.dim() != 2:
         raise ValueError(
@@ -61,16 +72,19 @@ def state_from_scores(
     state = NestedTopK(
         Q, capacity, fractions, dtype=dtype, keyed=keyed, device=sample_scores.device
     )
+    perm = (
+        torch.randperm(S, generator=torch.Generator().manual_seed(seed))
+        if shuffle
+        else torch.arange(S)
+    )
     bounds = [0] + [int(round(f * S)) for f in fractions]
     for p in range(len(fractions)):
         for start in range(bounds[p], bounds[p + 1], 65536):
-            block = sample_scores[:, start : min(bounds[p + 1], start + 65536)]
+            cols = perm[start : min(bounds[p + 1], start + 65536)]
+            block = sample_scores[:, cols.to(sample_scores.device)]
             if not bool(torch.isfinite(block).all()):
                 raise ValueError("sample_scores contains NaN or ±inf")
-            keys = (
-                torch.arange(start, start + block.shape[1], device=block.device) if keyed else None
-            )
-            state.push(block, p, keys)
+            state.push(block, p, cols.to(block.device) if keyed else None)
     return state
 
 
@@ -95,13 +109,14 @@ def predict_map(
     Args:
         pos_scores: (Q, m) positive scores per query, NaN-padded; queries with
             no positive are excluded (and counted in ``n_excluded``).
-        sample_scores: (Q, S) scores of an i.i.d. distractor sample (in random
-            order: its prefixes serve as the nested sub-samples).
+        sample_scores: (Q, S) scores of an i.i.d. distractor sample (any column
+            order: the nested sub-samples are prefixes of a seeded permutation).
         gallery_size: N, the number of distractors to predict for (≥ S).
         k: AP cut-off (≥ 1).
-        estimator: "tail" (default: GPD with parameter uncertainty, predictive
-            E[AP@k]), "evt" (the paper's plug-in GPD), "count", "sample", or the
-            baselines "single_x", "powerlaw", "loguniform".
+        estimator: "evt_support" (default: the paper's plug-in GPD, ξ bound
+            following the score support), "tail" (GPD with parameter uncertainty,
+            predictive E[AP@k]), "evt" (the paper's plug-in GPD), "count",
+            "sample", or the baselines "single_x", "powerlaw", "loguniform".
         rank_law: None = the estimator's own ("predictive" for tail, "plugin"
             otherwise); "plugin" expected ranks (paper) or "binomial"/"poisson" E[AP@k].
         n_boot: query-bootstrap replicates for ``ci``.
@@ -111,7 +126,7 @@ def predict_map(
             one distractor); 0 = off. Gives ``nested_ci`` and ``sample_noise_sd``.
         budget: add the S/4, S/2, S sufficient-budget diagnostic.
         config: EVT settings (top 4000, 95th percentile, < 5 count rule).
-        seed: bootstrap seed.
+        seed: bootstrap seed, and the seed of the column permutation.
         bayes: settings of the ``tail`` estimator.
 
     Returns:
@@ -142,7 +157,9 @@ def predict_map(
         )
     check_positive_scores(pos_scores, sample_scores.shape[0])
     _check_common(gallery_size, sample_scores.shape[1], k, estimator, rank_law)
-    state = state_from_scores(sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0)
+    state = state_from_scores(
+        sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0, seed=seed
+    )
     predictor = TailPredictor(pos_scores, state, k, config, seed, bayes)
     return predictor.estimate(
         estimator, gallery_size, rank_law, n_boot, confidence, nested_boot, budget

@@ -51,8 +51,21 @@ def tail_survival(
     G = post.xi.numel()
     sigma = torch.where(post.ok.unsqueeze(1), post.sigma, torch.ones_like(post.sigma))
     if config.integrate_shape:
-        return shape_integrated_survival(
-            y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G), post.n_u.view(Q, 1, 1)
+        # In query chunks: the quadrature holds (rows, m, G, nodes) values.
+        return torch.cat(
+            [
+                shape_integrated_survival(
+                    y[r : r + 128].unsqueeze(-1),
+                    sigma[r : r + 128].unsqueeze(1),
+                    post.xi.view(1, 1, G),
+                    post.n_u[r : r + 128].view(-1, 1, 1),
+                    post.xi_min,
+                    post.xi_max,
+                    post.prior_mean,
+                    post.prior_sd,
+                )
+                for r in range(0, max(Q, 1), 128)
+            ]
         )
     return gpd_survival(y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G))
 

@@ -27,6 +27,7 @@ from rl_gap.metrics.tail.bayes import (
     GPDPosterior,
     gpd_posterior,
 )
+from rl_gap.metrics.tail.diagnostics import diagnose as diagnose_prediction
 from rl_gap.metrics.tail.estimate import (  # noqa: F401  (public re-exports)
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
@@ -101,7 +102,7 @@ class TailPredictor:
         self.sample_size = int(state.seen.sum())
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
         self._level_keys: dict[int, torch.Tensor | None] = {}
-        self._tail_fits: dict[int, tuple[torch.Tensor, GPDPosterior]] = {}
+        self._tail_fits: dict[tuple, tuple[torch.Tensor, GPDPosterior]] = {}
         self._tail_terms: dict[tuple[int, int], torch.Tensor] = {}
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
@@ -130,20 +131,27 @@ class TailPredictor:
         return self._level_keys[index % len(self.state.fractions)]
 
     def tail_fit(
-        self, level: int = -1, weight: torch.Tensor | None = None
+        self,
+        level: int = -1,
+        weight: torch.Tensor | None = None,
+        bayes: BayesTailConfig | None = None,
     ) -> tuple[torch.Tensor, GPDPosterior]:
         """(sampled counts K_S, GPD posterior) of the ``tail`` estimator on a level.
 
-        Cached per level without bootstrap weights.
+        ``bayes`` (default: the predictor's own settings) is what the posterior is
+        built from. Cached per level and posterior settings without bootstrap weights.
         """
+        config = bayes or self.bayes
         index = level % len(self.state.fractions)
-        if weight is None and index in self._tail_fits:
-            return self._tail_fits[index]
+        # The bias correction's settings do not change the posterior.
+        key = (index, dataclasses.replace(config, bias_replicates=0, bias_seed=0))
+        if weight is None and key in self._tail_fits:
+            return self._tail_fits[key]
         top, n = self.level(level)
         counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
-        fit = counts, gpd_posterior(top, n, weight, self.bayes)
+        fit = counts, gpd_posterior(top, n, weight, config)
         if weight is None:
-            self._tail_fits[index] = fit
+            self._tail_fits[key] = fit
         return fit
 
     def hardness(
@@ -187,10 +195,11 @@ class TailPredictor:
         both need it.
         """
         key = (level % len(self.state.fractions), int(gallery_size))
-        cache = weight is None and bayes is None
+        cache = weight is None and (bayes is None or bayes == self.bayes)
         if cache and key in self._tail_terms:
             return self._tail_terms[key]
-        counts, post = self.tail_fit(level, weight)  # the hardness itself is not needed
+        # The posterior, like the bias correction, follows ``bayes`` (n_excess, ξ grid, prior).
+        counts, post = self.tail_fit(level, weight, bayes)
         _, n = self.level(level)
         terms, _ = tail_precision_terms(
             self.pos_sorted,
@@ -218,7 +227,8 @@ class TailPredictor:
     ) -> torch.Tensor:
         """(Q,) per-query AP@k; NaN for queries without positives (and for curve fits).
 
-        ``bayes`` overrides the ``tail`` estimator's settings for this call.
+        ``bayes`` overrides the ``tail`` estimator's settings for this call (its
+        posterior and its bias correction).
         """
         law = resolve_rank_law(estimator, rank_law)
         if estimator == "sample":
@@ -287,6 +297,7 @@ class TailPredictor:
         confidence: float = 0.95,
         nested_boot: int = 0,
         budget: bool = False,
+        diagnose: bool = True,
     ) -> TailEstimate:
         """Predicted mAP@k at ``gallery_size`` with a query-bootstrap interval.
 
@@ -310,6 +321,10 @@ class TailPredictor:
                 ``tail`` replicates refit without the bias correction and add
                 each query's correction from the full sample.
             budget: add the sufficient-budget diagnostic (S/4, S/2, S).
+            diagnose: for count/evt/tail, run the checks of ``diagnostics``
+                (threshold stability and the S/4–S/2–S budget, both with the
+                plug-in GPD, ~4× its cost) and fill ``flags``, ``ci_total``
+                and ``diagnostics``.
         """
         _check_common(gallery_size, self.sample_size, self.k, estimator, rank_law)
         rank_law = resolve_rank_law(estimator, rank_law)
@@ -319,7 +334,7 @@ class TailPredictor:
                 f"k = {self.k}: the prediction rests on almost no distractor and is unreliable",
                 stacklevel=3,
             )
-        if estimator == "evt" and self.sample_size < self.config.n_top:
+        if estimator in ("evt", "evt_support") and self.sample_size < self.config.n_top:
             warnings.warn(
                 f"distractor sample ({self.sample_size}) is smaller than the EVT's top "
                 f"{self.config.n_top}; using all sampled scores",
@@ -356,6 +371,15 @@ class TailPredictor:
             )
         if budget and estimator in HARDNESS_ESTIMATORS:
             est.budget = self.budget(estimator, gallery_size, rank_law, n_boot, confidence, ci)
+        if diagnose and estimator in HARDNESS_ESTIMATORS:
+            # The checks ask whether the sample supports a tail extrapolation at all:
+            # they run the cheap plug-in GPD whatever the estimator.
+            plug_in = estimator if estimator in ("evt", "evt_support") else "evt"
+            own = est.budget if estimator == plug_in else None
+            own_ci = ci if estimator == plug_in else None
+            diag = diagnose_prediction(self, gallery_size, plug_in, "plugin", ci=own_ci, budget=own)
+            est.diagnostics, est.flags = diag, list(diag.flags)
+            est.ci_total = diag.widen(est.nested_ci if est.nested_ci is not None else ci)
         return est
 
     def _nested(

@@ -1,0 +1,180 @@
+"""When the sample cannot support a tail prediction: diagnostics and the threshold interval.
+
+A GPD tail extrapolation rests on a choice the sample does not pin down: how
+deep the threshold sits (how many exceedances are fitted). Where the tail's
+shape changes with depth (tight clusters, near-duplicate bumps, mixtures), fits
+at different depths carry different shapes 20× past the sample maximum and
+the prediction depends on that choice. Two checks, both computed from the
+sample alone:
+
+- **threshold stability**: the paper's plug-in GPD (``evt``) refitted with the
+  top n ∈ :data:`THRESHOLD_EXCESSES` exceedances; the spread (max − min) of
+  the predicted mAP@k over n, and the fitted shape's median ξ at the shallowest
+  and deepest threshold;
+- **sufficient budget** (paper App. D): the prediction from the nested
+  sub-samples S/4, S/2 and S; not converged when the spread exceeds the
+  query noise (half-width of the query-bootstrap interval).
+
+:func:`diagnose` turns them into ``flags`` (empty = supported) with the reasons,
+and :meth:`Diagnostics.widen` adds the threshold spread to a sampling interval,
+so that the interval also carries the model-choice uncertainty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from rl_gap.metrics.tail.hardness import estimate_hardness
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
+
+#: Exceedance counts of the threshold-stability refits.
+THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
+#: Flag when the predicted mAP@k moves by more than this over the thresholds.
+THRESHOLD_TOLERANCE = 0.03
+#: Flag when the median fitted shape moves by more than this between 25 and 400 exceedances.
+SHAPE_TOLERANCE = 0.5
+
+
+@dataclass
+class Diagnostics:
+    """What the sample can and cannot support about a prediction.
+
+    Attributes:
+        flags: one line per failed check (empty: supported).
+        threshold_maps: {n: mAP@k of ``evt`` fitted to n exceedances}.
+        threshold_spread: max − min of ``threshold_maps``.
+        shape_shift: median ξ at the deepest minus the shallowest threshold.
+        budget_spread, budget_noise: the sufficient-budget check's spread and noise
+            (NaN when not run).
+    """
+
+    flags: list[str] = field(default_factory=list)
+    threshold_maps: dict[int, float] = field(default_factory=dict)
+    threshold_spread: float = float("nan")
+    shape_shift: float = float("nan")
+    budget_spread: float = float("nan")
+    budget_noise: float = float("nan")
+
+    @property
+    def supported(self) -> bool:
+        return not self.flags
+
+    def widen(self, ci: tuple[float, float]) -> tuple[float, float]:
+        """``ci`` extended to cover every threshold's prediction ± the interval's own widths."""
+        if not self.threshold_maps:
+            return ci
+        lo_t, hi_t = min(self.threshold_maps.values()), max(self.threshold_maps.values())
+        centre = 0.5 * (ci[0] + ci[1])
+        return (min(ci[0], lo_t - (centre - ci[0])), max(ci[1], hi_t + (ci[1] - centre)))
+
+    def as_dict(self) -> dict:
+        return {
+            "flags": list(self.flags),
+            "supported": self.supported,
+            "threshold_maps": {str(n): v for n, v in self.threshold_maps.items()},
+            "threshold_spread": self.threshold_spread,
+            "shape_shift": self.shape_shift,
+            "budget_spread": self.budget_spread,
+            "budget_noise": self.budget_noise,
+        }
+
+
+def _evt_at(predictor, n_excess: int, estimator: str = "evt"):
+    """(hardness, TailFit) of ``estimator`` (evt or evt_support) fitted to ``n_excess``
+    exceedances of the full sample."""
+    cache = predictor.__dict__.setdefault("_evt_by_excess", {})
+    if (estimator, n_excess) not in cache:
+        top, n = predictor.level(-1)
+        config = dataclasses.replace(predictor.config, n_excess=n_excess)
+        x, _, fit = estimate_hardness(
+            estimator, predictor.pos_sorted, predictor.valid, top, n, None, config
+        )
+        cache[(estimator, n_excess)] = (x, fit)
+    return cache[(estimator, n_excess)]
+
+
+def threshold_predictions(
+    predictor,
+    gallery_size: int,
+    excesses: tuple[int, ...] = THRESHOLD_EXCESSES,
+    combine=None,
+    estimator: str = "evt",
+):
+    """Per-query AP@k (plug-in ranks) of ``evt`` refitted at each exceedance count.
+
+    Args:
+        predictor: a ``TailPredictor``.
+        gallery_size: N.
+        excesses: exceedance counts n (the threshold is the (n+1)-th largest score).
+        combine: None → {n: (Q,) per-query AP}; "min" → (Q,) per-query AP at each
+            positive's smallest hardness over the fits.
+        estimator: "evt" or "evt_support" (the refitted plug-in GPD).
+    """
+    xs = {n: _evt_at(predictor, n, estimator)[0] for n in excesses}
+    args = (predictor.j, predictor.valid)
+    if combine == "min":
+        x = torch.stack(list(xs.values())).amin(0)
+        return ap_at_k_from_hardness(*args, x, gallery_size, predictor.k, "plugin")
+    if combine is not None:
+        raise ValueError(f"unknown combine {combine!r}; known: None, 'min'")
+    return {
+        n: ap_at_k_from_hardness(*args, x, gallery_size, predictor.k, "plugin")
+        for n, x in xs.items()
+    }
+
+
+def diagnose(
+    predictor,
+    gallery_size: int,
+    estimator: str = "evt",
+    rank_law: str | None = None,
+    per_thr: dict | None = None,
+    ci: tuple[float, float] | None = None,
+    budget: dict | None = None,
+) -> Diagnostics:
+    """Threshold-stability and sufficient-budget checks of a prediction (module docstring).
+
+    Args:
+        predictor: a ``TailPredictor``.
+        gallery_size: N.
+        estimator, rank_law: the estimator whose budget check is run; the threshold
+            refits use ``evt_support`` for it, else ``evt``.
+        per_thr: :func:`threshold_predictions` output, if already computed.
+        ci: the estimate's query-bootstrap interval (for the budget's noise).
+        budget: the budget check's dict, if already computed.
+    """
+    rows = predictor.query_ok
+    refit = "evt_support" if estimator == "evt_support" else "evt"
+    per_thr = per_thr or threshold_predictions(predictor, gallery_size, estimator=refit)
+    maps = {n: float(v[rows].mean()) for n, v in per_thr.items()}
+    out = Diagnostics(threshold_maps=maps)
+    out.threshold_spread = max(maps.values()) - min(maps.values())
+    shallow, deep = min(per_thr), max(per_thr)
+    xi = {}
+    for n in (shallow, deep):
+        fit = _evt_at(predictor, n, refit)[1]
+        ok = fit.ok & rows
+        xi[n] = float(fit.xi[ok].median()) if bool(ok.any()) else float("nan")
+    out.shape_shift = xi[deep] - xi[shallow]
+    if out.threshold_spread > THRESHOLD_TOLERANCE:
+        out.flags.append(
+            f"threshold-unstable: mAP@{predictor.k} moves by {out.threshold_spread:.3f} between "
+            f"{shallow} and {deep} exceedances"
+        )
+    if abs(out.shape_shift) > SHAPE_TOLERANCE:
+        out.flags.append(
+            f"shape-unstable: median fitted ξ {xi[shallow]:+.2f} at {shallow} vs {xi[deep]:+.2f} "
+            f"at {deep} exceedances"
+        )
+    if budget is None:
+        budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
+    out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
+    if not budget["converged"]:
+        out.flags.append(
+            f"budget not converged: S/4 · S/2 · S predictions spread {budget['spread']:.3f} "
+            f"> query noise {budget['noise']:.3f}"
+        )
+    return out
