@@ -24,7 +24,9 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 - fault tolerance (``rl_gap.callbacks.fault_tolerance``): the checkpoint folder
   is checked writable before the first step, ``last.ckpt`` is written every
   ``--checkpoint_every_n_steps`` steps and on SIGTERM (then the command exits
-  with status 143), and resuming a checkpoint of a different configuration is
+  with status 143), every checkpoint is written atomically in its own folder
+  (``rl_gap.checkpoint_io``), ``--ckpt_path last`` skips a damaged ``last.ckpt``
+  for the newest readable checkpoint (with a warning naming both), and resuming a checkpoint of a different configuration is
   refused with the differing keys named, unless ``--force_resume true``;
 - clear errors before anything is built: an empty or missing config file, a
   ``--ckpt_path`` that is not a checkpoint, a loss name or key the loss
@@ -52,6 +54,7 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -60,6 +63,7 @@ from rl_gap.callbacks.fault_tolerance import (
     FaultTolerance,
     RestoreLoaderPosition,
 )
+from rl_gap.checkpoint_io import AtomicCheckpointIO
 from rl_gap.modules.base import RankingModule
 from rl_gap.resources import recipe_path
 from rl_gap.run_config import (
@@ -171,10 +175,48 @@ def _with_shipped_recipes(words: list[str]) -> list[str]:
     return out
 
 
-def _newest_last_checkpoint(folder: Path) -> Path | None:
-    """What ``--ckpt_path last`` loads from ``folder``: the newest ``last*.ckpt``."""
-    candidates = [p for p in folder.glob("last*.ckpt") if p.is_file()] if folder.is_dir() else []
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+def _newest_readable_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """``--ckpt_path last``: the newest ``last*.ckpt`` if it loads, else the newest ``*.ckpt`` that does.
+
+    A damaged file (0 bytes after a kill, truncated by a full disk) is skipped with a
+    warning naming it and the checkpoint used instead. Exits with status 2 if
+    checkpoints exist but none loads; None if the folder holds no checkpoint.
+    """
+    if not folder.is_dir():
+        return None
+    files = [p for p in folder.glob("*.ckpt") if p.is_file()]
+    # last*.ckpt first (what Lightning's "last" means), then the others, each newest first
+    files.sort(key=lambda p: (not p.name.startswith("last"), -p.stat().st_mtime))
+    if not files:
+        return None
+    skipped = []
+    for path in files:
+        try:
+            ckpt = load_checkpoint_file(path)
+        except (FileNotFoundError, ValueError) as err:
+            skipped.append(f"  {path}: {str(err).split('. Pass', 1)[0]}")
+            continue
+        if skipped:
+            warnings.warn(
+                "--ckpt_path last: skipping unreadable checkpoint(s):\n" + "\n".join(skipped)
+                + f"\nresuming from the newest readable one, {path} (epoch "
+                f"{ckpt.get('epoch')}, step {ckpt.get('global_step')})",
+                UserWarning,
+                stacklevel=2,
+            )  # fmt: skip
+        return path, ckpt
+    _fail(
+        f"--ckpt_path last: no checkpoint in {folder} can be read:\n" + "\n".join(skipped)
+        + "\nstart from scratch without --ckpt_path, or pass a good checkpoint file"
+    )  # fmt: skip
+
+
+def _with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
+    """The trainer's plugins plus :class:`AtomicCheckpointIO`, unless a ``CheckpointIO`` is given."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 class RLGapCLI(LightningCLI):
@@ -297,17 +339,21 @@ class RLGapCLI(LightningCLI):
         self, sub: str | None, ckpt_path: str, root: Path, train: dict[str, Any], force: bool
     ) -> None:
         if ckpt_path == "last":
-            path = _newest_last_checkpoint(root / "checkpoints")
-            if path is None:
+            found = _newest_readable_checkpoint(root / "checkpoints")
+            if found is None:
                 return  # Lightning warns and starts from scratch (set-and-forget in job scripts)
+            path, ckpt = found
+            # Lightning's own "last" would pick the newest last*.ckpt even if it is damaged
+            cfg = self.config[sub] if sub else self.config
+            cfg["ckpt_path"] = str(path)
         elif ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry"):
             return
         else:
             path = Path(ckpt_path)
-        try:
-            ckpt = load_checkpoint_file(path)
-        except (FileNotFoundError, ValueError) as err:
-            _fail(str(err))
+            try:
+                ckpt = load_checkpoint_file(path)
+            except (FileNotFoundError, ValueError) as err:
+                _fail(str(err))
         record = ckpt.get("rl_gap") or {}
         self._ckpt_wandb_id = record.get("wandb_id")
         if sub != "fit":
@@ -350,6 +396,7 @@ class RLGapCLI(LightningCLI):
                 entity=s["wandb_entity"], tags=s["wandb_tags"], group=s["wandb_group"],
                 config=run["full"],
             )  # fmt: skip
+        config["plugins"] = _with_atomic_checkpoint_io(config.get("plugins"))
         config["callbacks"] = self._default_callbacks(config, root)
         config["callbacks"].append(RestoreLoaderPosition())
         if config.get("enable_checkpointing") is not False:

@@ -19,8 +19,9 @@
   W&B id in every checkpoint and, when fitting, refuses to resume a checkpoint
   whose config differs (naming the keys) unless ``force_resume``.
 
-``last.ckpt`` is written to a temporary file and renamed, so a kill during the
-write never destroys the previous one.
+``last.ckpt`` is written to a temporary file in its own folder and renamed
+(:mod:`rl_gap.checkpoint_io`), so a kill during the write never destroys the
+previous one; temporary files left by a killed write are removed at the next fit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from rl_gap.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
 from rl_gap.run_config import ResumeMismatchError, config_mismatch, resume_mismatch_message
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
@@ -93,7 +95,10 @@ class FaultTolerance(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        error = writable_error(self.dirpath) if trainer.is_global_zero else None
+        error = None
+        if trainer.is_global_zero:
+            error = writable_error(self.dirpath)
+            remove_partial_checkpoints(self.dirpath)  # left by a write that was killed
         error = trainer.strategy.broadcast(error, src=0)
         if error:
             raise PermissionError(error)
@@ -139,10 +144,13 @@ class FaultTolerance(Callback):
             if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath:
                 if Path(cb.dirpath).resolve() == self.dirpath.resolve():
                     cb.last_model_path = str(path)
-        tmp = path.with_name(path.name + ".tmp")
-        trainer.save_checkpoint(tmp)
-        if trainer.is_global_zero:
-            os.replace(tmp, path)
+        if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+            trainer.save_checkpoint(path)  # temp file in the same folder + fsync + rename
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            trainer.save_checkpoint(tmp)
+            if trainer.is_global_zero:
+                os.replace(tmp, path)
         self._last_saved_step = trainer.global_step
         return path
 
