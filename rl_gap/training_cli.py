@@ -57,6 +57,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.callbacks.fault_tolerance import (
     SIGTERM_EXIT_CODE,
@@ -64,6 +65,7 @@ from rl_gap.callbacks.fault_tolerance import (
     RestoreLoaderPosition,
 )
 from rl_gap.checkpoint_io import AtomicCheckpointIO
+from rl_gap.launch_signals import report_workers_stopped, sigterm_safe_launch
 from rl_gap.modules.base import RankingModule
 from rl_gap.resources import recipe_path
 from rl_gap.run_config import (
@@ -439,14 +441,21 @@ class RLGapCLI(LightningCLI):
         return given
 
     def _run_subcommand(self, subcommand: str) -> None:
+        launcher = self.trainer.strategy.launcher
         try:
-            super()._run_subcommand(subcommand)
+            with sigterm_safe_launch(launcher):
+                super()._run_subcommand(subcommand)
         except SIGTERMException:
-            # Lightning ends the loop with SystemExit(None), i.e. status 0; a killed
-            # job must not look successful (the checkpoint was written by FaultTolerance).
+            # a killed job must not look successful (FaultTolerance wrote the checkpoint)
             self._finish_wandb()
             if self._fault_tolerance is None or self._fault_tolerance.sigterm_checkpoint is None:
                 sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
+            report_workers_stopped(launcher)
+            raise SystemExit(SIGTERM_EXIT_CODE) from None
+        except ProcessExitedException as err:
+            if err.exit_code != SIGTERM_EXIT_CODE:
+                raise
+            report_workers_stopped(launcher)  # ddp_spawn: the workers saved and stopped
             raise SystemExit(SIGTERM_EXIT_CODE) from None
 
     # ------------------------------------------------------ where outputs went

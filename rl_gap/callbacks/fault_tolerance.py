@@ -6,9 +6,13 @@
   (rank 0 checks, every rank raises the same error);
 - every ``every_n_steps`` optimizer steps, writes ``last.ckpt`` (independent
   of validation), so a killed job loses at most N steps;
-- on SIGTERM (what SLURM and Kubernetes send before a kill; Lightning turns it
-  into ``SIGTERMException`` after the running step) writes ``last.ckpt``
-  mid-epoch; ``rl-gap`` then exits with status 143. The training sampler's
+- on SIGTERM (what SLURM and Kubernetes send before a kill) writes ``last.ckpt``
+  mid-epoch and ends the fit with ``SIGTERMException(143)``; ``rl-gap`` exits with
+  status 143. The signal handler only sets a flag (it replaces Lightning's, which
+  forwards the signal and runs a collective inside the handler, and hangs or crashes
+  DDP when one process is signalled); after every optimizer step the processes
+  agree on it with one collective (any process signalled: all stop), all save
+  the same step once and stop together. The training sampler's
   position is part of every checkpoint (``rl_gap.data.sampler.ResumableBatchLoader``),
   so ``--ckpt_path last`` continues with exactly the batches the uninterrupted run would see;
 - :class:`RestoreLoaderPosition` hands the training loader its checkpointed
@@ -89,12 +93,22 @@ class FaultTolerance(Callback):
         self.wandb_id = wandb_id
         self.force_resume = force_resume
         self.sigterm_checkpoint: Path | None = None
+        self.sigterm_pending = False  # set by the signal handler, acted on at a step boundary
         self._last_saved_step = -1
+
+    def _note_sigterm(self, signum: int, frame: Any) -> None:
+        # Only a flag: a signal handler runs between two bytecodes of whatever the
+        # process is doing (possibly inside a collective), so it must not communicate.
+        self.sigterm_pending = True
 
     # ------------------------------------------------------------------ checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.sigterm_pending, self.sigterm_checkpoint = False, None
+        # runs in every training process, before Lightning registers its SIGTERM handler:
+        # make it register ours instead (other handlers already installed are still chained)
+        trainer._signal_connector._sigterm_notifier_fn = self._note_sigterm
         error = None
         if trainer.is_global_zero:
             error = writable_error(self.dirpath)
@@ -162,15 +176,17 @@ class FaultTolerance(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        # one collective per step: every process learns whether any of them was signalled
+        if trainer.strategy.reduce_boolean_decision(self.sigterm_pending, all=False):
+            self._save_on_sigterm(trainer)
+            trainer._signal_connector.received_sigterm = True
+            # the exit status travels with the exception, also out of ddp_spawn workers
+            raise SIGTERMException(SIGTERM_EXIT_CODE)
         step = trainer.global_step
         if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_saved_step:
             self.save_last(trainer)
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
-            return
+    def _save_on_sigterm(self, trainer: L.Trainer) -> None:
         self.sigterm_checkpoint = self.save_last(trainer)
         if trainer.is_global_zero:
             print(
@@ -180,6 +196,14 @@ class FaultTolerance(Callback):
                 file=sys.stderr,
                 flush=True,
             )
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        if self.sigterm_checkpoint is None:  # raised by Lightning itself, not at a step boundary
+            self._save_on_sigterm(trainer)
 
 
 def _loaders(iterables: Any) -> list[Any]:
