@@ -89,6 +89,19 @@ def sigterm_safe_launch(launcher: Any) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def ignoring_sigterm() -> Iterator[None]:
+    """SIGTERM ignored inside the block (main thread only), the previous handler back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def report_workers_stopped(launcher: Any) -> None:
     """Wait for the launcher's worker processes to end; print their exit statuses."""
     procs = list(getattr(launcher, "procs", []) or [])

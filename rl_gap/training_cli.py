@@ -37,6 +37,7 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import os
 import random
@@ -65,7 +66,7 @@ from rl_gap.callbacks.fault_tolerance import (
     RestoreLoaderPosition,
 )
 from rl_gap.checkpoint_io import AtomicCheckpointIO
-from rl_gap.launch_signals import report_workers_stopped, sigterm_safe_launch
+from rl_gap.launch_signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
 from rl_gap.modules.base import RankingModule
 from rl_gap.resources import recipe_path
 from rl_gap.run_config import (
@@ -74,6 +75,7 @@ from rl_gap.run_config import (
     flatten_config,
     load_checkpoint_file,
     loss_section_error,
+    nonfinite_weights_error,
     overrides_hash,
     resume_mismatch_message,
     run_folder_name,
@@ -132,10 +134,46 @@ class RLGapArgumentParser(LightningArgumentParser):
                 section = cfg.get(f"{prefix}model.init_args.loss")
             except (KeyError, AttributeError, TypeError):
                 continue
-            message = loss_section_error(section)
+            message = loss_section_error(section) or _loss_value_error(section)
             if message:
                 self.error(f"--model.loss: {message}")
+            message = _optimizer_settings_error(cfg.get(f"{prefix}model.init_args"))
+            if message:
+                self.error(f"--model.init_args: {message}")
         return super()._parse_common(cfg, *args, **kwargs)
+
+
+def _loss_value_error(section: Any) -> str | None:
+    """The loss's own check of its values (``temperature: 0``), or None."""
+    from rl_gap.losses import loss_from_config
+
+    if section is None:
+        return None
+    section = section.as_dict() if hasattr(section, "as_dict") else dict(section)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss_from_config(section)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _optimizer_settings_error(init_args: Any) -> str | None:
+    """``check_optimizer_settings`` on a model's ``init_args`` (``lr: -1``, ``optimizer: adamx``)."""
+    from rl_gap.optim import check_optimizer_settings
+
+    if init_args is None or not hasattr(init_args, "get"):
+        return None
+    names = inspect.signature(check_optimizer_settings).parameters
+    settings = {k: init_args.get(k) for k in names if k in init_args}
+    if not {"optimizer", "lr", "weight_decay"} <= set(settings):
+        return None  # a module without rl_gap's optimizer settings
+    try:
+        check_optimizer_settings(**settings)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
 
 
 def _fail(message: str) -> NoReturn:
@@ -356,6 +394,9 @@ class RLGapCLI(LightningCLI):
                 ckpt = load_checkpoint_file(path)
             except (FileNotFoundError, ValueError) as err:
                 _fail(str(err))
+        nonfinite = nonfinite_weights_error(ckpt, path)
+        if nonfinite:
+            _fail(nonfinite)
         record = ckpt.get("rl_gap") or {}
         self._ckpt_wandb_id = record.get("wandb_id")
         if sub != "fit":
@@ -450,7 +491,8 @@ class RLGapCLI(LightningCLI):
             self._finish_wandb()
             if self._fault_tolerance is None or self._fault_tolerance.sigterm_checkpoint is None:
                 sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
-            report_workers_stopped(launcher)
+            with ignoring_sigterm():  # stopping already: a second SIGTERM must not cut it short
+                report_workers_stopped(launcher)
             raise SystemExit(SIGTERM_EXIT_CODE) from None
         except ProcessExitedException as err:
             if err.exit_code != SIGTERM_EXIT_CODE:

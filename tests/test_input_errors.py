@@ -5,11 +5,18 @@ never a silent wrong number (quantised embeddings, NaN labels, damaged .npy file
 from __future__ import annotations
 
 import json
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import yaml
 
 from rl_gap.cli import main
+from rl_gap.data.sampler import MPerClassBatchSampler
+from rl_gap.metrics.retrieval import RetrievalMetrics
+from rl_gap.training_cli import run_lightning_cli
 
 
 def _extrapolate_inputs(tmp_path, d=8, dtype=np.float32):
@@ -128,3 +135,59 @@ def test_damaged_npy_is_one_error_naming_the_file(tmp_path, content, reason, com
             main(["evaluate", "--queries", str(tmp_path / "e.npy"), "--query-labels", str(bad)])
         else:
             _extrapolate(tmp_path, x=bad)
+
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo" / "mnist_gsap.yaml"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--model.init_args.lr", "-1"], "--model.init_args: lr must be a finite number > 0, got -1.0"),
+        (["--model.init_args.loss.temperature", "0"],
+         "--model.loss: temperature must be a finite number > 0, got 0"),
+        (["--model.init_args.optimizer", "adamx"],
+         "--model.init_args: unknown optimizer 'adamx'; known: adamw, lars, sgd"),
+        (["--model.init_args.scheduler", "cosin"],
+         "--model.init_args: unknown scheduler 'cosin'; known: cosine, constant, none"),
+    ],
+)  # fmt: skip
+def test_bad_recipe_values_are_one_line_not_a_union_traceback(tmp_path, capsys, override, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["--config", str(RECIPE), "--output_dir", str(tmp_path),
+                           "--wandb", "off", *override], run=False)  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Expected a <class" not in err and "Given value" not in err
+
+
+def test_bad_value_in_a_yaml_recipe_names_the_key(tmp_path, capsys):
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["model"]["init_args"]["lr"] = -1
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(SystemExit):
+        run_lightning_cli(["--config", str(path), "--output_dir", str(tmp_path),
+                           "--wandb", "off"], run=False)  # fmt: skip
+    assert "lr must be a finite number > 0, got -1" in capsys.readouterr().err
+
+
+def test_m_per_class_larger_than_a_class_warns_how_many():
+    labels = torch.tensor([0] * 10 + [1] * 3 + [2] * 2 + [3] * 8)
+    with pytest.warns(UserWarning, match=r"m_per_class 4 is larger than 2 of the 4 classes "
+                      r"\(smallest: 2 images\)"):  # fmt: skip
+        MPerClassBatchSampler(labels, batch_size=8, m_per_class=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MPerClassBatchSampler(labels, batch_size=8, m_per_class=2)  # every class has 2
+
+
+@pytest.mark.parametrize("leave_one_out", [True, False])
+def test_metric_refuses_an_embedding_dim_change_at_update(leave_one_out):
+    metric = RetrievalMetrics(leave_one_out=leave_one_out)
+    extra = {} if leave_one_out else {"is_query": True}
+    metric.update(torch.randn(4, 8), torch.tensor([0, 0, 1, 1]), **extra)
+    with pytest.raises(ValueError, match="embeddings of dim 6 after earlier updates of dim 8"):
+        metric.update(torch.randn(4, 6), torch.tensor([0, 0, 1, 1]), **extra)
+    metric.reset()
+    metric.update(torch.randn(4, 6), torch.tensor([0, 0, 1, 1]), **extra)  # a new model: fine

@@ -31,7 +31,9 @@ previous one; temporary files left by a killed write are removed at the next fit
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,7 +45,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from rl_gap.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
-from rl_gap.run_config import ResumeMismatchError, config_mismatch, resume_mismatch_message
+from rl_gap.run_config import (
+    ResumeMismatchError,
+    config_mismatch,
+    nonfinite_weights_error,
+    resume_mismatch_message,
+)
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
@@ -125,6 +132,9 @@ class FaultTolerance(Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        nonfinite = nonfinite_weights_error(checkpoint, trainer.ckpt_path or "the checkpoint")
+        if nonfinite:
+            raise ValueError(nonfinite)
         if trainer.state.fn != "fit" or self.run_config is None:
             return
         saved = (checkpoint.get("rl_gap") or {}).get("config")
@@ -180,6 +190,7 @@ class FaultTolerance(Callback):
         if trainer.strategy.reduce_boolean_decision(self.sigterm_pending, all=False):
             self._save_on_sigterm(trainer)
             trainer._signal_connector.received_sigterm = True
+            _ignore_further_sigterms()
             # the exit status travels with the exception, also out of ddp_spawn workers
             raise SIGTERMException(SIGTERM_EXIT_CODE)
         step = trainer.global_step
@@ -206,6 +217,17 @@ class FaultTolerance(Callback):
             self._save_on_sigterm(trainer)
 
 
+def _ignore_further_sigterms() -> None:
+    """The ranks are stopping: a later SIGTERM (a launcher cleaning up) must not cut that short.
+
+    SIG_IGN, unlike a Python handler, stays in force while the interpreter shuts down
+    (Python restores the default action for its own handlers there, and a SIGTERM in
+    that window would end the process with -15 instead of 143).
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _loaders(iterables: Any) -> list[Any]:
     if isinstance(iterables, Mapping):
         return [x for v in iterables.values() for x in _loaders(v)]
@@ -228,18 +250,40 @@ class RestoreLoaderPosition(Callback):
 
     def __init__(self) -> None:
         self._states: list[dict[str, Any]] = []
+        self._resuming = False
+        self._path = "the checkpoint"
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        self._path = trainer.ckpt_path or "the checkpoint"
+        if trainer.state.fn == "fit" and not (checkpoint.get("loops") or {}).get("fit_loop"):
+            warnings.warn(
+                f"{self._path} holds no training-loop state ('loops'; a weights-only or plain "
+                "torch.save checkpoint): the fit restarts at epoch 0, step 0 with these weights; "
+                "the epoch/step counters, the schedule's position and the sampler position are "
+                "lost (not an exact resume)",
+                UserWarning,
+                stacklevel=2,
+            )
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
+        self._resuming = trainer.state.fn == "fit"
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         states, self._states = self._states, []
-        if not states:
-            return
+        resuming, self._resuming = self._resuming, False
         loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, _Stateful)]
+        if not states:
+            if resuming and loaders:
+                warnings.warn(
+                    f"{self._path} holds no position of the training sampler: if it was "
+                    "written mid-epoch, that epoch restarts at its first batch (batches seen "
+                    "twice, not an exact resume)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return
         if len(loaders) != len(states):
             raise RuntimeError(
                 f"the checkpoint holds the position of {len(states)} training loader(s) but "
