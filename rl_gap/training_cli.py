@@ -31,6 +31,8 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 - clear errors before anything is built: an empty or missing config file, a
   ``--ckpt_path`` that is not a checkpoint, a loss name or key the loss
   registry does not know (also under ``--print_config``);
+- one run per run folder: ``fit`` holds ``<run>/.rl_gap.lock`` (``rl_gap.run_lock``)
+  for its lifetime, and a second run into the folder exits 2 naming the holder;
 - a summary of where every output went, printed when the command ends.
 """
 
@@ -81,6 +83,7 @@ from rl_gap.run_config import (
     run_folder_name,
     training_config,
 )
+from rl_gap.run_lock import RunFolderLocked, RunLock, starts_the_run
 from rl_gap.run_logging import (
     WandbMode,
     default_loggers,
@@ -265,6 +268,7 @@ class RLGapCLI(LightningCLI):
     _run: dict[str, Any] | None = None
     _ckpt_wandb_id: str | None = None
     _fault_tolerance: FaultTolerance | None = None
+    _lock: RunLock | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", RLGapArgumentParser)
@@ -425,6 +429,12 @@ class RLGapCLI(LightningCLI):
         run = self._run
         assert run is not None, "parse_arguments resolves the run before classes are built"
         root = Path(run["root"])
+        if self.subcommand in (None, "fit") and starts_the_run():
+            # before anything is written into the folder (wandb_id, config.yaml, logs)
+            try:
+                self._lock = RunLock(root).acquire()
+            except RunFolderLocked as err:
+                _fail(str(err))
         config["default_root_dir"] = str(root)
         wandb_id = None
         if config.get("logger") in (None, True):
@@ -482,6 +492,13 @@ class RLGapCLI(LightningCLI):
         return given
 
     def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            self._run_with_sigterm_exit(subcommand)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _run_with_sigterm_exit(self, subcommand: str) -> None:
         launcher = self.trainer.strategy.launcher
         try:
             with sigterm_safe_launch(launcher):
