@@ -35,7 +35,32 @@ class PauseAtStep(Callback):
             return
         self.marker.write_text(f"{trainer.current_epoch} {batch_idx}\n")
         deadline = time.monotonic() + self.timeout
-        while not trainer.received_sigterm and time.monotonic() < deadline:
+        while not _sigterm_noted(trainer) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _sigterm_noted(trainer) -> bool:
+    """Whether this process's SIGTERM handler (FaultTolerance's flag) has run."""
+    return trainer.received_sigterm or any(
+        getattr(cb, "sigterm_pending", False) for cb in trainer.callbacks
+    )
+
+
+class PauseUntil(Callback):
+    """After step ``step``: writes ``<marker>.rank<R>`` and waits (up to ``timeout`` s) for ``go``.
+
+    Lets a test signal one process of a multi-process run at a known step, then let all go on.
+    """
+
+    def __init__(self, step: int, marker: str, go: str, timeout: float = 120.0) -> None:
+        self.step, self.marker, self.go, self.timeout = step, marker, Path(go), timeout
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step != self.step:
+            return
+        Path(f"{self.marker}.rank{trainer.global_rank}").write_text(f"{os.getpid()}\n")
+        deadline = time.monotonic() + self.timeout
+        while not self.go.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
 
 

@@ -25,11 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from rl_gap.commands.npy_io import load_npy
 
 _LAYOUT = (
     "expected .npy (N, dim) / .pt tensor or {'embeddings', 'labels'} dict for embeddings; "
@@ -45,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exclude-self",
         action="store_true",
-        help="leave-one-out: queries are the database (the default without --database)",
+        help="leave-one-out: queries are the database (the default without --database; with "
+        "--database, only when it is the --queries file)",
     )
     parser.add_argument("--block-size", type=int, default=2048, help="GEMM block rows/columns")
     parser.add_argument("--device", default="cpu", help="scoring device, e.g. cpu or cuda:0")
@@ -67,6 +71,13 @@ def _require(path: str) -> Path:
     return p
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _load_pt(path: Path):
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
@@ -78,7 +89,7 @@ def load_embeddings(path: str) -> tuple[np.ndarray | torch.Tensor, object | None
     """Embeddings (memory-mapped) and, for a ``.pt`` dict, its labels entry."""
     p = _require(path)
     if p.suffix == ".npy":
-        return np.load(p, mmap_mode="r"), None
+        return load_npy(p), None
     if p.suffix == ".pt":
         obj = _load_pt(p)
         if isinstance(obj, dict):
@@ -95,7 +106,7 @@ def load_labels(path: str) -> np.ndarray:
     """Labels as a 1-D array (integers, or strings from text files)."""
     p = _require(path)
     if p.suffix == ".npy":
-        return np.asarray(np.load(p))
+        return load_npy(p, mmap=False)
     if p.suffix == ".pt":
         obj = _load_pt(p)
         if isinstance(obj, dict):
@@ -264,6 +275,12 @@ def run(args: argparse.Namespace) -> int:
             else torch.nn.functional.normalize(torch.as_tensor(np.asarray(database)).float(), dim=1)
         )
     exclude_self = args.exclude_self
+    if exclude_self and args.database is not None and not _same_file(args.queries, args.database):
+        raise ValueError(
+            f"--exclude-self drops pair (i, i) as query i's own item, which holds only when the "
+            f"queries are the database; --database {args.database} is not the --queries file "
+            f"{args.queries}. Drop --exclude-self (or --database for leave-one-out)"
+        )
     if args.database is None and not exclude_self:
         # Each query would retrieve itself first (R@1 = 1): rank it against the others.
         exclude_self = True

@@ -29,6 +29,7 @@ import os
 import numpy as np
 import torch
 
+from rl_gap.commands.npy_io import load_npy
 from rl_gap.metrics.tail import ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail.estimate import PREDICTIVE
@@ -110,7 +111,7 @@ def load_array(path: str, name: str, layout: str) -> np.ndarray | torch.Tensor:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{name}: no file {path!r} (expected {layout} as .npy or .pt)")
     if path.endswith(".npy"):
-        return np.load(path, mmap_mode="r")
+        return load_npy(path)
     if path.endswith((".pt", ".pth")):
         obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         if not isinstance(obj, torch.Tensor | np.ndarray):
@@ -163,6 +164,13 @@ def integer_indices(values: np.ndarray, name: str) -> torch.Tensor:
 
 
 def _embeddings(x, name: str, dim: int | None = None) -> None:
+    floating = x.dtype.is_floating_point if isinstance(x, torch.Tensor) else x.dtype.kind == "f"
+    if not floating:
+        # an int8/uint8 (quantised) file would be cast and score as garbage: refuse, as evaluate
+        raise ValueError(
+            f"{name} must be floating point embeddings, got dtype {x.dtype}; "
+            "dequantise them first (e.g. x.astype(np.float32) * scale)"
+        )
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"{name} must be a non-empty (n, d) matrix, got shape {tuple(x.shape)}")
     if dim is not None and x.shape[1] != dim:
@@ -213,6 +221,11 @@ def _pairs(args, n_queries: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor
             raise ValueError(
                 f"labels must be ({n_queries},) and ({n_pos},), got {tuple(ql.shape)}, {tuple(pl.shape)}"
             )
+        for option, lab in (("--query-labels", ql), ("--positive-labels", pl)):
+            if lab.dtype.is_floating_point and not bool(torch.isfinite(lab).all()):
+                # NaN equals nothing: those items would silently have no positives
+                bad = int((~torch.isfinite(lab)).sum())
+                raise ValueError(f"{option} holds {bad} NaN/inf label(s); labels are class ids")
         qi, pj = (ql.view(-1, 1) == pl.view(1, -1)).nonzero(as_tuple=True)
         if _same_file(args.queries, args.positives):
             # Queries are the positives' own set: leave-one-out, an item is not its own positive.

@@ -22,7 +22,12 @@ checkpoints, offline W&B runs grouped under ``--group``).
 
 Resuming: the study lives in the storage and every finished run leaves a
 ``result.json``, so re-running the same command continues (it completes the
-missing trials and seeds; nothing finished is trained twice).
+missing trials and seeds; nothing finished is trained twice). A trial left
+``RUNNING`` by a killed worker is marked failed and done again, with the same
+sampler seed (so the same lr and τ): at once when the worker ran on this host
+and its process is gone, otherwise once its Optuna heartbeat is older than
+the grace period (180 s). Only completed trials count toward ``--n-trials``
+and the table ("best of N completed trials").
 Several machines / DDP: point every worker at one RDB storage
 (``--storage postgresql://user:pw@host/db``) and run ``--stage search`` on
 each; trials are numbered by the storage and the total stops at
@@ -41,8 +46,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import shlex
+import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +137,46 @@ def open_storage(url: str):
     return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
 
 
+WORKER_ATTR = "rl_gap_worker"  # user attribute of every trial: {"host": ..., "pid": ...}
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
+
+
+def fail_dead_trials(study) -> list[int]:
+    """Mark failed the trials left RUNNING by a dead worker; return their numbers.
+
+    A trial whose worker ran on this host and whose process no longer exists is
+    failed at once; any other trial whose heartbeat stopped longer ago than the
+    storage's grace period is failed by Optuna (``fail_stale_trials``).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    dead = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial.user_attrs.get(WORKER_ATTR) or {}
+        pid = worker.get("pid")
+        if worker.get("host") == host and isinstance(pid, int) and pid != os.getpid():
+            if _process_gone(pid):
+                study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+                dead.append(trial.number)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+        optuna.storages.fail_stale_trials(study)
+        after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+    return sorted(set(dead) | (after - before))
+
+
 def search(
     args: argparse.Namespace, runner: Runner, recipe: str, label: str, storage, out: Path
 ) -> dict[str, Any]:
@@ -142,6 +190,7 @@ def search(
     overrides += shlex.split(args.search_overrides)
 
     def objective(trial: optuna.Trial) -> float:
+        trial.set_user_attr(WORKER_ATTR, {"host": socket.gethostname(), "pid": os.getpid()})
         lr = trial.suggest_float("lr", *args.lr_range, log=True)
         extra = ["--model.init_args.lr", repr(lr)]
         if tune_tau:
@@ -162,10 +211,15 @@ def search(
     study = optuna.create_study(
         study_name=study_name, storage=storage, direction="maximize", load_if_exists=True
     )
+    dead = fail_dead_trials(study)
+    if dead:
+        print(f"[tune] {label}: trial(s) {dead} were left running by a worker that is gone; "
+              "marked failed, running them again")  # fmt: skip
     while len(study.get_trials(deepcopy=False, states=taken)) < args.n_trials:
-        # trial k sees a sampler seeded by (seed, k): the same trials whether or not
-        # the study was interrupted and resumed in between
-        k = len(study.get_trials(deepcopy=False))
+        # trial k sees a sampler seeded by (seed, k), k counting the trials that were not
+        # failed: the same trials whether or not the study was interrupted and resumed
+        # (a trial killed mid-way is redone with the same seed, seeing the same trials)
+        k = len(study.get_trials(deepcopy=False, states=taken))
         study.sampler = optuna.samplers.TPESampler(
             seed=args.seed * 1000 + k, n_startup_trials=args.startup_trials
         )
@@ -174,7 +228,11 @@ def search(
 
 
 def best_of(study_name: str, storage) -> dict[str, Any]:
-    """Best complete trial of a study: ``{"lr", "temperature"?, "val_gap", "trial"}``."""
+    """Best complete trial: ``{"lr", "temperature"?, "val_gap", "trial", "completed"}``.
+
+    ``completed`` is the number of completed trials it is the best of (failed,
+    pruned and still-running trials are not counted).
+    """
     import optuna
     from optuna.trial import TrialState
 
@@ -187,7 +245,8 @@ def best_of(study_name: str, storage) -> dict[str, Any]:
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         raise RuntimeError(f"study {study_name!r} has no complete trial: run --stage search first")
     best = study.best_trial
-    return {**best.params, "val_gap": best.value, "trial": best.number}
+    completed = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return {**best.params, "val_gap": best.value, "trial": best.number, "completed": completed}
 
 
 def final(
@@ -216,13 +275,15 @@ def final(
 
 def summary_table(summary: list[dict[str, Any]]) -> str:
     """Markdown: loss, chosen lr and τ, best validation gAP, then mean ± std per metric (%)."""
-    header = ["loss", "lr", "τ", "val gAP (%)", *(f"{m} (%)" for m in METRICS), "seeds"]
+    header = ["loss", "lr", "τ", "val gAP (%)", *(f"{m} (%)" for m in METRICS), "seeds",
+              "trials"]  # fmt: skip
     body = []
     for r in summary:
         tau = r.get("temperature")
         body.append(
             [r["loss"], f"{r['lr']:.3g}", "-" if tau is None else f"{tau:.3g}",
-             f"{100 * r['val_gap']:.2f}", *(cell(r, m) for m in METRICS), r["n"]]
+             f"{100 * r['val_gap']:.2f}", *(cell(r, m) for m in METRICS), r["n"],
+             r.get("trials", "-")]
         )  # fmt: skip
     return markdown_table(header, body)
 
@@ -279,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
         runs += rows
         (agg,) = aggregate(rows, ["loss"])
         summary.append({"loss": label, "lr": best["lr"], "temperature": best.get("temperature"),
-                        "val_gap": best["val_gap"], **{k: v for k, v in agg.items() if k != "loss"}})  # fmt: skip
+                        "val_gap": best["val_gap"], "trials": best["completed"],
+                        **{k: v for k, v in agg.items() if k != "loss"}})  # fmt: skip
     seconds = time.perf_counter() - start
     if args.stage == "search":
         print(f"[tune] search done in {seconds:.0f} s; storage {storage.url}")
@@ -292,8 +354,13 @@ def run(args: argparse.Namespace) -> int:
     )
     (out / "results.md").write_text(
         f"# rl-gap tune: {args.name}\n\n{table}\n\n"
-        f"mean ± std over {args.num_seeds} seeds (ddof=1), metrics in %; "
-        f"lr, τ: best of {args.n_trials} trials on a {1 - args.val_split:.0%}/"
+        + (
+            f"mean ± std over {args.num_seeds} seeds (ddof=1)"
+            if args.num_seeds > 1
+            else "one seed (n = 1): no standard deviation"
+        )
+        + "; metrics in %; "
+        f"lr, τ: best of the completed trials (column 'trials') on a {1 - args.val_split:.0%}/"
         f"{args.val_split:.0%} class split of the training set.\n\n{verdicts}\n"
     )
     log_summary_to_wandb(args, out, summary)

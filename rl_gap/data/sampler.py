@@ -16,6 +16,7 @@ step or SIGTERM checkpoint sees exactly the batches the uninterrupted run would.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -100,6 +101,16 @@ class MPerClassBatchSampler(Sampler[list[int]]):
             )
         order = torch.argsort(inverse, stable=True)
         counts = torch.bincount(inverse, minlength=len(classes))
+        small = counts < m_per_class
+        if bool(small.any()) and rank == 0:
+            warnings.warn(
+                f"m_per_class {m_per_class} is larger than {int(small.sum())} of the "
+                f"{len(classes)} classes (smallest: {int(counts.min())} images): a batch that "
+                "draws such a class repeats its images to fill it (positives that are the same "
+                "image); lower m_per_class or drop the small classes",
+                UserWarning,
+                stacklevel=2,
+            )
         self.members = list(torch.split(order, counts.tolist()))
         self.class_weights = counts.double()
         self.batch_size = batch_size

@@ -122,8 +122,14 @@ RANKING_RULE = (
 
 
 def cell(row: dict[str, Any], metric: str) -> str:
-    """``"12.34 ± 0.56"`` (percent) from an aggregated row."""
-    return f"{100 * row[f'{metric}_mean']:.2f} ± {100 * row[f'{metric}_std']:.2f}"
+    """``"12.34 ± 0.56"`` (percent) from an aggregated row; ``"12.34 (n = 1)"`` for a single run.
+
+    One run has no spread to report: "± 0.00" would read as a measured zero.
+    """
+    mean = f"{100 * row[f'{metric}_mean']:.2f}"
+    if row.get("n") == 1:
+        return f"{mean} (n = 1)"
+    return f"{mean} ± {100 * row[f'{metric}_std']:.2f}"
 
 
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:

@@ -114,6 +114,14 @@ class RetrievalMetrics(Metric):
             raise ValueError(
                 f"labels shape {tuple(labels.shape)} does not match embeddings {tuple(embeddings.shape)}"
             )
+        earlier = self._as_list(self.query_embeddings) + self._as_list(self.database_embeddings)
+        if earlier and earlier[0].shape[1] != embeddings.shape[1]:
+            # caught here, at the batch that differs, not as a cat error at compute()
+            raise ValueError(
+                f"embeddings of dim {embeddings.shape[1]} after earlier updates of dim "
+                f"{earlier[0].shape[1]}: every update must use the same embedding dim "
+                "(call reset() between models)"
+            )
         embeddings = embeddings.detach()
         if self.normalize:
             embeddings = torch.nn.functional.normalize(embeddings.float(), dim=1)
@@ -136,6 +144,10 @@ class RetrievalMetrics(Metric):
         self.query_labels.append(labels[mask])
         self.database_embeddings.append(embeddings[~mask])
         self.database_labels.append(labels[~mask])
+
+    @staticmethod
+    def _as_list(state: list[Tensor] | Tensor) -> list[Tensor]:
+        return state if isinstance(state, list) else [state]
 
     @staticmethod
     def _cat(state: list[Tensor] | Tensor) -> Tensor | None:

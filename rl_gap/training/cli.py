@@ -24,17 +24,22 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 - fault tolerance (``rl_gap.training.fault_tolerance``): the checkpoint folder
   is checked writable before the first step, ``last.ckpt`` is written every
   ``--checkpoint_every_n_steps`` steps and on SIGTERM (then the command exits
-  with status 143), and resuming a checkpoint of a different configuration is
+  with status 143), every checkpoint is written atomically in its own folder
+  (``rl_gap.training.checkpoint_io``), ``--ckpt_path last`` skips a damaged ``last.ckpt``
+  for the newest readable checkpoint (with a warning naming both), and resuming a checkpoint of a different configuration is
   refused with the differing keys named, unless ``--force_resume true``;
 - clear errors before anything is built: an empty or missing config file, a
   ``--ckpt_path`` that is not a checkpoint, a loss name or key the loss
   registry does not know (also under ``--print_config``);
+- one run per run folder: ``fit`` holds ``<run>/.rl_gap.lock`` (``rl_gap.training.run_lock``)
+  for its lifetime, and a second run into the folder exits 2 naming the holder;
 - a summary of where every output went, printed when the command ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import os
 import random
@@ -54,12 +59,15 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.losses.registry import normalize_loss_section
 from rl_gap.modules.base import RankingModule
 from rl_gap.resources import recipe_path
+from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
@@ -78,11 +86,14 @@ from rl_gap.training.run_config import (
     flatten_config,
     load_checkpoint_file,
     loss_section_error,
+    nonfinite_weights_error,
     overrides_hash,
     resume_mismatch_message,
     run_folder_name,
     training_config,
 )
+from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
+from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
 
 
 def run_dir_for(
@@ -190,9 +201,16 @@ class RLGapArgumentParser(LightningArgumentParser):
             section = _typed_tables(section)
             if section is not None:
                 cfg[key] = section
-            message = loss_section_error(section) or _swap_leak_error(section)
+            message = (
+                loss_section_error(section)
+                or _swap_leak_error(section)
+                or _loss_value_error(section)
+            )
             if message:
                 self.error(f"--model.loss: {message}")
+            message = _optimizer_settings_error(cfg.get(f"{prefix}model.init_args"))
+            if message:
+                self.error(f"--model.init_args: {message}")
             if section is not None and _print_config_requested(self):
                 cfg[key] = normalize_loss_section(section, expand=True)
         return super()._parse_common(cfg, *args, **kwargs)
@@ -218,6 +236,39 @@ def _print_config_requested(parser: Any) -> bool:
             return True
         parser = getattr(parser, "parent_parser", None)
     return False
+
+
+def _loss_value_error(section: Any) -> str | None:
+    """The loss's own check of its values (``temperature: 0``), or None."""
+    from rl_gap.losses import loss_from_config
+
+    if section is None:
+        return None
+    section = section.as_dict() if hasattr(section, "as_dict") else dict(section)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss_from_config(section)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _optimizer_settings_error(init_args: Any) -> str | None:
+    """``check_optimizer_settings`` on a model's ``init_args`` (``lr: -1``, ``optimizer: adamx``)."""
+    from rl_gap.optim import check_optimizer_settings
+
+    if init_args is None or not hasattr(init_args, "get"):
+        return None
+    names = inspect.signature(check_optimizer_settings).parameters
+    settings = {k: init_args.get(k) for k in names if k in init_args}
+    if not {"optimizer", "lr", "weight_decay"} <= set(settings):
+        return None  # a module without rl_gap's optimizer settings
+    try:
+        check_optimizer_settings(**settings)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
 
 
 def _fail(message: str) -> NoReturn:
@@ -259,10 +310,48 @@ def _with_shipped_recipes(words: list[str]) -> list[str]:
     return out
 
 
-def _newest_last_checkpoint(folder: Path) -> Path | None:
-    """What ``--ckpt_path last`` loads from ``folder``: the newest ``last*.ckpt``."""
-    candidates = [p for p in folder.glob("last*.ckpt") if p.is_file()] if folder.is_dir() else []
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+def _newest_readable_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """``--ckpt_path last``: the newest ``last*.ckpt`` if it loads, else the newest ``*.ckpt`` that does.
+
+    A damaged file (0 bytes after a kill, truncated by a full disk) is skipped with a
+    warning naming it and the checkpoint used instead. Exits with status 2 if
+    checkpoints exist but none loads; None if the folder holds no checkpoint.
+    """
+    if not folder.is_dir():
+        return None
+    files = [p for p in folder.glob("*.ckpt") if p.is_file()]
+    # last*.ckpt first (what Lightning's "last" means), then the others, each newest first
+    files.sort(key=lambda p: (not p.name.startswith("last"), -p.stat().st_mtime))
+    if not files:
+        return None
+    skipped = []
+    for path in files:
+        try:
+            ckpt = load_checkpoint_file(path)
+        except (FileNotFoundError, ValueError) as err:
+            skipped.append(f"  {path}: {str(err).split('. Pass', 1)[0]}")
+            continue
+        if skipped:
+            warnings.warn(
+                "--ckpt_path last: skipping unreadable checkpoint(s):\n" + "\n".join(skipped)
+                + f"\nresuming from the newest readable one, {path} (epoch "
+                f"{ckpt.get('epoch')}, step {ckpt.get('global_step')})",
+                UserWarning,
+                stacklevel=2,
+            )  # fmt: skip
+        return path, ckpt
+    _fail(
+        f"--ckpt_path last: no checkpoint in {folder} can be read:\n" + "\n".join(skipped)
+        + "\nstart from scratch without --ckpt_path, or pass a good checkpoint file"
+    )  # fmt: skip
+
+
+def _with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
+    """The trainer's plugins plus :class:`AtomicCheckpointIO`, unless a ``CheckpointIO`` is given."""
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 class RLGapCLI(LightningCLI):
@@ -271,6 +360,7 @@ class RLGapCLI(LightningCLI):
     _run: dict[str, Any] | None = None
     _ckpt_wandb_id: str | None = None
     _fault_tolerance: FaultTolerance | None = None
+    _lock: RunLock | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", RLGapArgumentParser)
@@ -394,17 +484,24 @@ class RLGapCLI(LightningCLI):
         self, sub: str | None, ckpt_path: str, root: Path, train: dict[str, Any], force: bool
     ) -> None:
         if ckpt_path == "last":
-            path = _newest_last_checkpoint(root / "checkpoints")
-            if path is None:
+            found = _newest_readable_checkpoint(root / "checkpoints")
+            if found is None:
                 return  # Lightning warns and starts from scratch (set-and-forget in job scripts)
+            path, ckpt = found
+            # Lightning's own "last" would pick the newest last*.ckpt even if it is damaged
+            cfg = self.config[sub] if sub else self.config
+            cfg["ckpt_path"] = str(path)
         elif ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry"):
             return
         else:
             path = Path(ckpt_path)
-        try:
-            ckpt = load_checkpoint_file(path)
-        except (FileNotFoundError, ValueError) as err:
-            _fail(str(err))
+            try:
+                ckpt = load_checkpoint_file(path)
+            except (FileNotFoundError, ValueError) as err:
+                _fail(str(err))
+        nonfinite = nonfinite_weights_error(ckpt, path)
+        if nonfinite:
+            _fail(nonfinite)
         record = ckpt.get("rl_gap") or {}
         self._ckpt_wandb_id = record.get("wandb_id")
         if sub != "fit":
@@ -433,6 +530,12 @@ class RLGapCLI(LightningCLI):
         run = self._run
         assert run is not None, "parse_arguments resolves the run before classes are built"
         root = Path(run["root"])
+        if self.subcommand in (None, "fit") and starts_the_run():
+            # before anything is written into the folder (wandb_id, config.yaml, logs)
+            try:
+                self._lock = RunLock(root).acquire()
+            except RunFolderLocked as err:
+                _fail(str(err))
         config["default_root_dir"] = str(root)
         wandb_id = None
         if config.get("logger") in (None, True):
@@ -447,6 +550,7 @@ class RLGapCLI(LightningCLI):
                 entity=s["wandb_entity"], tags=s["wandb_tags"], group=s["wandb_group"],
                 config=run["full"],
             )  # fmt: skip
+        config["plugins"] = _with_atomic_checkpoint_io(config.get("plugins"))
         config["callbacks"] = self._default_callbacks(config, root)
         config["callbacks"].append(RestoreLoaderPosition())
         if config.get("enable_checkpointing") is not False:
@@ -490,13 +594,28 @@ class RLGapCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:
-            super()._run_subcommand(subcommand)
+            self._run_with_sigterm_exit(subcommand)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _run_with_sigterm_exit(self, subcommand: str) -> None:
+        launcher = self.trainer.strategy.launcher
+        try:
+            with sigterm_safe_launch(launcher):
+                super()._run_subcommand(subcommand)
         except SIGTERMException:
-            # Lightning ends the loop with SystemExit(None), i.e. status 0; a killed
-            # job must not look successful (the checkpoint was written by FaultTolerance).
+            # a killed job must not look successful (FaultTolerance wrote the checkpoint)
             self._finish_wandb()
             if self._fault_tolerance is None or self._fault_tolerance.sigterm_checkpoint is None:
                 sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
+            with ignoring_sigterm():  # stopping already: a second SIGTERM must not cut it short
+                report_workers_stopped(launcher)
+            raise SystemExit(SIGTERM_EXIT_CODE) from None
+        except ProcessExitedException as err:
+            if err.exit_code != SIGTERM_EXIT_CODE:
+                raise
+            report_workers_stopped(launcher)  # ddp_spawn: the workers saved and stopped
             raise SystemExit(SIGTERM_EXIT_CODE) from None
 
     # ------------------------------------------------------ where outputs went

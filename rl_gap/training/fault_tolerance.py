@@ -6,9 +6,13 @@
   (rank 0 checks, every rank raises the same error);
 - every ``every_n_steps`` optimizer steps, writes ``last.ckpt`` (independent
   of validation), so a killed job loses at most N steps;
-- on SIGTERM (what SLURM and Kubernetes send before a kill; Lightning turns it
-  into ``SIGTERMException`` after the running step) writes ``last.ckpt``
-  mid-epoch; ``rl-gap`` then exits with status 143. The training sampler's
+- on SIGTERM (what SLURM and Kubernetes send before a kill) writes ``last.ckpt``
+  mid-epoch and ends the fit with ``SIGTERMException(143)``; ``rl-gap`` exits with
+  status 143. The signal handler only sets a flag (it replaces Lightning's, which
+  forwards the signal and runs a collective inside the handler, and hangs or crashes
+  DDP when one process is signalled); after every optimizer step the processes
+  agree on it with one collective (any process signalled: all stop), all save
+  the same step once and stop together. The training sampler's
   position is part of every checkpoint (``rl_gap.data.sampler.ResumableBatchLoader``),
   so ``--ckpt_path last`` continues with exactly the batches the uninterrupted run would see;
 - :class:`RestoreLoaderPosition` hands the training loader its checkpointed
@@ -19,14 +23,17 @@
   W&B id in every checkpoint and, when fitting, refuses to resume a checkpoint
   whose config differs (naming the keys) unless ``force_resume``.
 
-``last.ckpt`` is written to a temporary file and renamed, so a kill during the
-write never destroys the previous one.
+``last.ckpt`` is written to a temporary file in its own folder and renamed
+(:mod:`rl_gap.training.checkpoint_io`), so a kill during the write never destroys the
+previous one; temporary files left by a killed write are removed at the next fit.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,7 +44,13 @@ from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rl_gap.training.run_config import ResumeMismatchError, config_mismatch, resume_mismatch_message
+from rl_gap.training.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
+from rl_gap.training.run_config import (
+    ResumeMismatchError,
+    config_mismatch,
+    nonfinite_weights_error,
+    resume_mismatch_message,
+)
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
 
@@ -87,13 +100,26 @@ class FaultTolerance(Callback):
         self.wandb_id = wandb_id
         self.force_resume = force_resume
         self.sigterm_checkpoint: Path | None = None
+        self.sigterm_pending = False  # set by the signal handler, acted on at a step boundary
         self._last_saved_step = -1
+
+    def _note_sigterm(self, signum: int, frame: Any) -> None:
+        # Only a flag: a signal handler runs between two bytecodes of whatever the
+        # process is doing (possibly inside a collective), so it must not communicate.
+        self.sigterm_pending = True
 
     # ------------------------------------------------------------------ checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        error = writable_error(self.dirpath) if trainer.is_global_zero else None
+        self.sigterm_pending, self.sigterm_checkpoint = False, None
+        # runs in every training process, before Lightning registers its SIGTERM handler:
+        # make it register ours instead (other handlers already installed are still chained)
+        trainer._signal_connector._sigterm_notifier_fn = self._note_sigterm
+        error = None
+        if trainer.is_global_zero:
+            error = writable_error(self.dirpath)
+            remove_partial_checkpoints(self.dirpath)  # left by a write that was killed
         error = trainer.strategy.broadcast(error, src=0)
         if error:
             raise PermissionError(error)
@@ -106,6 +132,9 @@ class FaultTolerance(Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        nonfinite = nonfinite_weights_error(checkpoint, trainer.ckpt_path or "the checkpoint")
+        if nonfinite:
+            raise ValueError(nonfinite)
         if trainer.state.fn != "fit" or self.run_config is None:
             return
         saved = (checkpoint.get("rl_gap") or {}).get("config")
@@ -139,10 +168,13 @@ class FaultTolerance(Callback):
             if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath:
                 if Path(cb.dirpath).resolve() == self.dirpath.resolve():
                     cb.last_model_path = str(path)
-        tmp = path.with_name(path.name + ".tmp")
-        trainer.save_checkpoint(tmp)
-        if trainer.is_global_zero:
-            os.replace(tmp, path)
+        if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+            trainer.save_checkpoint(path)  # temp file in the same folder + fsync + rename
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            trainer.save_checkpoint(tmp)
+            if trainer.is_global_zero:
+                os.replace(tmp, path)
         self._last_saved_step = trainer.global_step
         return path
 
@@ -154,15 +186,18 @@ class FaultTolerance(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        # one collective per step: every process learns whether any of them was signalled
+        if trainer.strategy.reduce_boolean_decision(self.sigterm_pending, all=False):
+            self._save_on_sigterm(trainer)
+            trainer._signal_connector.received_sigterm = True
+            _ignore_further_sigterms()
+            # the exit status travels with the exception, also out of ddp_spawn workers
+            raise SIGTERMException(SIGTERM_EXIT_CODE)
         step = trainer.global_step
         if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_saved_step:
             self.save_last(trainer)
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
-            return
+    def _save_on_sigterm(self, trainer: L.Trainer) -> None:
         self.sigterm_checkpoint = self.save_last(trainer)
         if trainer.is_global_zero:
             print(
@@ -172,6 +207,25 @@ class FaultTolerance(Callback):
                 file=sys.stderr,
                 flush=True,
             )
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        if self.sigterm_checkpoint is None:  # raised by Lightning itself, not at a step boundary
+            self._save_on_sigterm(trainer)
+
+
+def _ignore_further_sigterms() -> None:
+    """The ranks are stopping: a later SIGTERM (a launcher cleaning up) must not cut that short.
+
+    SIG_IGN, unlike a Python handler, stays in force while the interpreter shuts down
+    (Python restores the default action for its own handlers there, and a SIGTERM in
+    that window would end the process with -15 instead of 143).
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _loaders(iterables: Any) -> list[Any]:
@@ -196,18 +250,40 @@ class RestoreLoaderPosition(Callback):
 
     def __init__(self) -> None:
         self._states: list[dict[str, Any]] = []
+        self._resuming = False
+        self._path = "the checkpoint"
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        self._path = trainer.ckpt_path or "the checkpoint"
+        if trainer.state.fn == "fit" and not (checkpoint.get("loops") or {}).get("fit_loop"):
+            warnings.warn(
+                f"{self._path} holds no training-loop state ('loops'; a weights-only or plain "
+                "torch.save checkpoint): the fit restarts at epoch 0, step 0 with these weights; "
+                "the epoch/step counters, the schedule's position and the sampler position are "
+                "lost (not an exact resume)",
+                UserWarning,
+                stacklevel=2,
+            )
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
+        self._resuming = trainer.state.fn == "fit"
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         states, self._states = self._states, []
-        if not states:
-            return
+        resuming, self._resuming = self._resuming, False
         loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, _Stateful)]
+        if not states:
+            if resuming and loaders:
+                warnings.warn(
+                    f"{self._path} holds no position of the training sampler: if it was "
+                    "written mid-epoch, that epoch restarts at its first batch (batches seen "
+                    "twice, not an exact resume)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return
         if len(loaders) != len(states):
             raise RuntimeError(
                 f"the checkpoint holds the position of {len(states)} training loader(s) but "

@@ -213,6 +213,30 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
+def nonfinite_weights_error(ckpt: Mapping[str, Any], path: str | Path) -> str | None:
+    """None if every floating weight in ``ckpt["state_dict"]`` is finite, else a message naming them.
+
+    A diverged run's checkpoint holds NaN/inf weights; resuming or evaluating it would
+    only fail (or log NaN) at the first step instead of at load.
+    """
+    import torch
+
+    bad = [
+        name
+        for name, value in (ckpt.get("state_dict") or {}).items()
+        if isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and not bool(torch.isfinite(value).all())
+    ]
+    if not bad:
+        return None
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (
+        f"{path} holds NaN/inf weights in {len(bad)} tensor(s) ({shown}): the run that wrote it "
+        "diverged; resume an earlier checkpoint (e.g. an epoch=... file) or lower the lr"
+    )
+
+
 def check_config_file(path: str | Path) -> None:
     """A recipe/config file must exist and hold a non-empty YAML mapping."""
     path = Path(path)

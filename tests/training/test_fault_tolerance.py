@@ -206,7 +206,7 @@ def test_resume_of_another_configuration_is_refused_unless_forced(run_dir, capsy
 def test_unwritable_checkpoint_folder_fails_before_the_first_step(run_dir):
     cli = run_lightning_cli(_argv(run_dir, "blocked", epochs=1, batches=2), run=False)
     folder = run_dir / "blocked" / "checkpoints"
-    folder.parent.mkdir(parents=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)  # the run folder holds the run lock
     folder.write_text("a file where the checkpoint folder should be")
     counter = CountSteps()
     cli.trainer.callbacks.append(counter)
