@@ -94,6 +94,7 @@ from rl_gap.training.run_config import (
 )
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
 from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
+from rl_gap.training.trainer_args import restore_integers, written_integers
 
 
 def run_dir_for(
@@ -361,6 +362,7 @@ class RLGapCLI(LightningCLI):
     _ckpt_wandb_id: str | None = None
     _fault_tolerance: FaultTolerance | None = None
     _lock: RunLock | None = None
+    _written_integers: dict[str, int] = {}  # replaced per instance by parse_arguments
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", RLGapArgumentParser)
@@ -430,6 +432,7 @@ class RLGapCLI(LightningCLI):
                 if found:
                     recipes.append((path, *found))
             token = _RECIPE_LOSS_KEYS.set(tuple(recipes))
+            self._written_integers = written_integers(words, _config_file_args(words))
         try:
             super().parse_arguments(parser, args)
             self._resolve_run(parser)
@@ -530,6 +533,7 @@ class RLGapCLI(LightningCLI):
         run = self._run
         assert run is not None, "parse_arguments resolves the run before classes are built"
         root = Path(run["root"])
+        restore_integers(config, self._written_integers)
         if self.subcommand in (None, "fit") and starts_the_run():
             # before anything is written into the folder (wandb_id, config.yaml, logs)
             try:
