@@ -85,13 +85,17 @@ def test_moco_rejects_nan_lr_and_bad_momentum_sgd():
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-0.001"])
-def test_fit_cli_rejects_a_bad_lr_before_training(run_dir, value):
-    """`rl-gap fit ... --model.init_args.lr .nan` used to train to chance and exit 0."""
+def test_fit_cli_rejects_a_bad_lr_before_training(run_dir, value, capsys):
+    """`rl-gap fit ... --model.init_args.lr .nan` used to train to chance and exit 0; it is
+    refused while parsing, with one line naming the key."""
     from rl_gap.training.cli import run_lightning_cli
 
     argv = ["--config", str(RECIPES / "demo" / "mnist_gsap.yaml"), "--model.init_args.lr", value]
-    with pytest.raises(ValueError, match="lr must be a finite number"):
+    with pytest.raises(SystemExit) as exit_info:
         run_lightning_cli(argv + ["--wandb", "off", "--output_dir", str(run_dir)], run=False)
+    assert exit_info.value.code == 2
+    assert "--model.init_args: lr must be a finite number" in capsys.readouterr().err
+    assert not run_dir.exists()  # nothing written before the refusal
 
 
 def test_linear_probe_rejects_nan_lr_before_loading_anything(tmp_path):

@@ -178,6 +178,22 @@ def _ap_surrogate(module, sim, rel, valid):
     return 1.0 - _row_mean(sim, rel, valid, per_rows, module.neg_drop)
 
 
+@_handler("_RoadmapMixin")
+def _roadmap(module, sim, rel, valid):
+    """ROADMAP: the SupAP term as above, plus the calibration term's two global non-zero means."""
+    ap_term = _ap_surrogate(module, sim, rel, valid)
+    s = sim.to(compute_dtype(sim.dtype))
+    positive, negative = rel & valid, ~rel & valid
+    calib = s.sum() * 0.0
+    for hinge in (
+        (module.pos_margin - s).clamp(min=0) * positive,
+        (s - module.neg_margin).clamp(min=0) * negative,
+    ):
+        count = shard_comm.global_count(int(torch.count_nonzero(hinge)), sim.device)
+        calib = calib + shard_comm.reduce_partials(hinge.sum()) / max(count, 1)
+    return ap_term + module.calibration_weight * calib.to(ap_term.dtype)
+
+
 def _kept_flat(sim, rel, valid, neg_drop):
     """This rank's part of the flattened valid list after global negative dropping."""
     scores, positive = sim[valid], rel[valid]

@@ -26,7 +26,7 @@ import torch
 
 from rl_gap.losses.ap_surrogate import pessimistic_ranks
 from rl_gap.losses.sharding import comm as shard_comm
-from rl_gap.losses.softbin import ITEM_CHUNK, _bin_items, fastap_from_histograms
+from rl_gap.losses.softbin import ITEM_CHUNK, _bin_items, check_num_bins, fastap_from_histograms
 from rl_gap.losses.supap_flat import DEFAULT_BLOCK_ELEMENTS
 
 
@@ -34,6 +34,7 @@ from rl_gap.losses.supap_flat import DEFAULT_BLOCK_ELEMENTS
 class _ShardedSoftBinAP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, positive, num_bins, low, high):  # type: ignore[override]
+        # num_bins here: the number of bin centres (FastAP num_bins + 1)
         flat = scores.detach()
         both = flat.new_zeros(2 * num_bins, dtype=torch.float64)
         lower_all = torch.empty(flat.numel(), dtype=torch.int16, device=flat.device)
@@ -76,7 +77,9 @@ class _ShardedSoftBinAP(torch.autograd.Function):
 def sharded_softbin_ap(scores, positive, num_bins, sim_range) -> torch.Tensor:
     """SoftBin AP of the list concatenated over ranks ((n,) scores and positives per rank)."""
     low, high = (float(v) for v in sim_range)
-    return _ShardedSoftBinAP.apply(scores, positive, int(num_bins), low, high)
+    # num_bins counts FastAP's intervals; the histograms hold its num_bins + 1 centres.
+    centres = check_num_bins(num_bins) + 1
+    return _ShardedSoftBinAP.apply(scores, positive, centres, low, high)
 
 
 # ---------------------------------------------------------------------------- gBlackBox

@@ -127,7 +127,7 @@ def test_degenerate_tails_take_no_part_in_the_simulated_worlds(monkeypatch):
         return gpd_posterior(top, *args, **kwargs)
 
     monkeypatch.setattr(predictive, "gpd_posterior", recording_posterior)
-    est = predict_map(pos, sample, gallery_size=80_000, k=100, n_boot=10)
+    est = predict_map(pos, sample, gallery_size=80_000, k=100, estimator="tail", n_boot=10)
     assert len(simulated) == BayesTailConfig().bias_replicates
     assert all(bool(torch.isneginf(top[0]).all()) for top in simulated)
     assert all(bool(torch.isfinite(top[1:]).all()) for top in simulated)
