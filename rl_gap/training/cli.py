@@ -39,18 +39,15 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import os
 import random
 import sys
 import warnings
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
-import yaml
 from lightning.pytorch.callbacks import (
     Callback,
     LearningRateMonitor,
@@ -64,7 +61,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
-from rl_gap.losses.registry import normalize_loss_section
 from rl_gap.modules.base import RankingModule
 from rl_gap.resources import recipe_path
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
@@ -80,12 +76,16 @@ from rl_gap.training.loggers import (
     resolve_wandb_mode,
     wandb_run_id,
 )
+from rl_gap.training.parser import (
+    RECIPE_LOSS_KEYS,
+    RLGapArgumentParser,
+    recipe_flat_loss_keys,
+)
 from rl_gap.training.run_config import (
     check_config_file,
     config_mismatch,
     flatten_config,
     load_checkpoint_file,
-    loss_section_error,
     nonfinite_weights_error,
     overrides_hash,
     resume_mismatch_message,
@@ -121,155 +121,6 @@ def run_dir_for(
     if seed is None and not overrides:
         return base
     return base / run_folder_name(seed, overrides)
-
-
-_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
-# (recipe file, its loss name, its flat loss keys) of the command being parsed.
-_RECIPE_LOSS_KEYS: ContextVar[tuple[tuple[str, str, tuple[str, ...]], ...]] = ContextVar(
-    "rl_gap_recipe_loss_keys", default=()
-)
-
-
-def recipe_flat_loss_keys(path: str | Path) -> tuple[str, tuple[str, ...]] | None:
-    """``(loss name, keys outside a per-loss table)`` of a recipe file's loss section."""
-    from rl_gap.losses import available_losses
-
-    try:
-        content = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return None  # check_config_file reports unreadable files
-    models = [content.get("model")] if isinstance(content, dict) else []
-    if isinstance(content, dict):
-        models += [
-            content.get(s, {}).get("model")
-            for s in _SUBCOMMANDS
-            if isinstance(content.get(s), dict)
-        ]
-    for model in models:
-        if not isinstance(model, dict):
-            continue
-        section = (model.get("init_args") or {}).get("loss", model.get("loss"))
-        if isinstance(section, dict):
-            names = set(available_losses())
-            flat = tuple(
-                sorted(str(k) for k in section if k != "name" and str(k).lower() not in names)
-            )
-            return str(section.get("name", "gsap")).lower(), flat
-    return None
-
-
-def _swap_leak_error(section: Any) -> str | None:
-    """A recipe's flat loss keys would reach another loss after ``--model.loss.name``."""
-    if hasattr(section, "as_dict"):
-        section = section.as_dict()
-    if not isinstance(section, dict):
-        return None
-    chosen = str(section.get("name", "gsap")).lower()
-    for path, name, flat in _RECIPE_LOSS_KEYS.get():
-        if flat and name != chosen:
-            moved = ", ".join(f"loss.{name}.{k}" for k in flat)
-            return (
-                f"{path} sets {list(flat)} for {name!r} outside a per-loss table, and the loss "
-                f"is now {chosen!r}: they would be applied to {chosen!r}. A loss's "
-                f"hyperparameters belong to that loss: write them as {moved} (and "
-                f"{chosen}'s own under loss.{chosen}, else its defaults are used)"
-            )
-    return None
-
-
-class RLGapArgumentParser(LightningArgumentParser):
-    """Checks the model's ``loss:`` section against the loss registry while parsing.
-
-    The check runs before jsonargparse validates types or prints
-    ``--print_config``, so a misspelt loss name or key is one line naming the
-    valid ones (instead of an error from every member of the model's type union
-    when the model is built). A swap (``--model.loss.name``) on a recipe whose
-    loss keys sit outside a per-loss table is refused, naming them. Under
-    ``--print_config`` the loss section is printed as it will be built: ``name``
-    and the chosen loss's table with every keyword resolved (command-line
-    values moved in, defaults filled), the other losses' tables kept.
-    """
-
-    def _parse_common(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
-        for prefix in ("", *(f"{s}." for s in _SUBCOMMANDS)):
-            key = f"{prefix}model.init_args.loss"
-            try:
-                section = cfg.get(key)
-            except (KeyError, AttributeError, TypeError):
-                continue
-            section = _typed_tables(section)
-            if section is not None:
-                cfg[key] = section
-            message = (
-                loss_section_error(section)
-                or _swap_leak_error(section)
-                or _loss_value_error(section)
-            )
-            if message:
-                self.error(f"--model.loss: {message}")
-            message = _optimizer_settings_error(cfg.get(f"{prefix}model.init_args"))
-            if message:
-                self.error(f"--model.init_args: {message}")
-            if section is not None and _print_config_requested(self):
-                cfg[key] = normalize_loss_section(section, expand=True)
-        return super()._parse_common(cfg, *args, **kwargs)
-
-
-def _typed_tables(section: Any) -> Any:
-    """Per-loss table values given as ``--model.loss.<loss>.<key> V`` arrive as strings:
-    read them as YAML, as jsonargparse reads the flat ``--model.loss.<key> V``."""
-    if hasattr(section, "as_dict"):
-        section = section.as_dict()
-    if not isinstance(section, dict):
-        return section
-    out = dict(section)
-    for key, table in section.items():
-        if isinstance(table, dict):
-            out[key] = {k: yaml.safe_load(v) if isinstance(v, str) else v for k, v in table.items()}
-    return out
-
-
-def _print_config_requested(parser: Any) -> bool:
-    while parser is not None:
-        if hasattr(parser, "print_config"):
-            return True
-        parser = getattr(parser, "parent_parser", None)
-    return False
-
-
-def _loss_value_error(section: Any) -> str | None:
-    """The loss's own check of its values (``temperature: 0``), or None."""
-    from rl_gap.losses import loss_from_config
-
-    if section is None:
-        return None
-    section = section.as_dict() if hasattr(section, "as_dict") else dict(section)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            loss_from_config(section)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-def _optimizer_settings_error(init_args: Any) -> str | None:
-    """``check_optimizer_settings`` on a model's ``init_args`` (``lr: -1``, ``optimizer: adamx``)."""
-    from rl_gap.optim import check_optimizer_settings
-
-    if init_args is None or not hasattr(init_args, "get"):
-        return None
-    names = inspect.signature(check_optimizer_settings).parameters
-    settings = {k: init_args.get(k) for k in names if k in init_args}
-    if not {"optimizer", "lr", "weight_decay"} <= set(settings):
-        return None  # a module without rl_gap's optimizer settings
-    try:
-        check_optimizer_settings(**settings)
-    except (ValueError, TypeError) as err:
-        return str(err)
-    return None
 
 
 def _fail(message: str) -> NoReturn:
@@ -431,14 +282,14 @@ class RLGapCLI(LightningCLI):
                 found = recipe_flat_loss_keys(path)
                 if found:
                     recipes.append((path, *found))
-            token = _RECIPE_LOSS_KEYS.set(tuple(recipes))
+            token = RECIPE_LOSS_KEYS.set(tuple(recipes))
             self._written_integers = written_integers(words, _config_file_args(words))
         try:
             super().parse_arguments(parser, args)
             self._resolve_run(parser)
         finally:
             if words is not None:
-                _RECIPE_LOSS_KEYS.reset(token)
+                RECIPE_LOSS_KEYS.reset(token)
 
     def _resolve_run(self, parser: LightningArgumentParser) -> None:
         """Seed, training config, run folder; check ``--ckpt_path`` (before Lightning reads it)."""
