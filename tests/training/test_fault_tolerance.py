@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cluster_helpers import assert_same_weights, weights
 from lightning.pytorch.callbacks import Callback
 
 from rl_gap.training.cli import run_lightning_cli
@@ -37,16 +38,6 @@ def _argv(out, name, *extra, epochs=EPOCHS, batches=BATCHES):
     if name:
         argv += ["--run_name", name]
     return argv
-
-
-def _weights(cli):
-    return {k: v.detach().clone() for k, v in cli.model.state_dict().items()}
-
-
-def _assert_same_weights(got, expected):
-    assert got.keys() == expected.keys()
-    for name, value in got.items():  # exact: resuming must not change a single bit
-        torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=name)
 
 
 class CountSteps(Callback):
@@ -73,13 +64,13 @@ def uninterrupted(tmp_path_factory):
     """Final weights of the uninterrupted 2-epoch x 4-batch run."""
     cli = run_lightning_cli(["fit", *_argv(tmp_path_factory.mktemp("full"), "full")])
     assert cli.trainer.global_step == EPOCHS * BATCHES
-    return _weights(cli)
+    return weights(cli)
 
 
 def _resume_and_check(out, name, uninterrupted):
     resumed = run_lightning_cli(["fit", *_argv(out, name, "--ckpt_path", "last")])
     assert resumed.trainer.global_step == EPOCHS * BATCHES
-    _assert_same_weights(_weights(resumed), uninterrupted)
+    assert_same_weights(weights(resumed), uninterrupted)
 
 
 def test_sigterm_mid_epoch_saves_exits_143_and_resumes_exactly(run_dir, uninterrupted, capsys):
@@ -141,7 +132,7 @@ def test_step_checkpoint_without_validation_resumes_exactly(run_dir):
     resumed.trainer.callbacks.append(counter)
     resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path="last")
     assert counter.steps == 3, "resume continues at batch 3 of the epoch"
-    _assert_same_weights(_weights(resumed), _weights(full))
+    assert_same_weights(weights(resumed), weights(full))
 
 
 def _hash(overrides):
