@@ -72,7 +72,7 @@ def _loss_step(path, loss_fn, emb, labels, local_labels, start, batch):
     """One loss step from this rank's embeddings ``emb`` (see the module docstring)."""
     import torch
 
-    from rl_gap.losses import dist
+    from rl_gap import dist
 
     emb.grad = None
     gathered = dist.gather_with_grad(emb)
