@@ -98,7 +98,6 @@ def _forward_sums(scores: torch.Tensor, valid, pos_scores: torch.Tensor, plan: G
     their rows l + 1 are exactly the σ' sums' rows l at order N (both read
     ``sum_{n <= N−l} m̃_n σ^(1+n+l)``), i.e. D is the T-derivative of R's expansion.
     """
-    device = scores.device
     order = plan.coarse_order + 1
     fine = fine_moments(scores, plan, valid)
     above_window = fine[-1, 0]
@@ -107,7 +106,20 @@ def _forward_sums(scores: torch.Tensor, valid, pos_scores: torch.Tensor, plan: G
     ones = torch.ones_like(offset).unsqueeze(1)
     pos_moments = point_moments(cell, offset, ones, plan, order)
     moments = torch.cat([all_moments, pos_moments])  # (2, N+2, G)
-    factors = moment_factors(order, plan.ratio, device)
+    return (*ranks_from_moments(moments, above_window, cell, offset, plan), cell, offset)
+
+
+def ranks_from_moments(moments, above_window, cell, offset, plan: GridPlan):
+    """R_A, R_P, D_A, D_P at every positive from the coarse moment tables.
+
+    Args:
+        moments: (2, N+2, G) order-(N+1) moments of all items and of the positives, summed
+            over ranks when the list is sharded (the tables add up over items).
+        above_window: 0-d count of the items above the grid window (each counts 1).
+        cell, offset: the positives' coarse positions (``coarse_position``).
+    """
+    order = plan.coarse_order + 1
+    factors = moment_factors(order, plan.ratio, moments.device)
     grid = correlate_band(moments * factors.unsqueeze(1), plan, shifts=(0,), order=order)
     at_cell = grid[:, 0].index_select(2, cell)  # (2, N+2, P)
     powers = query_powers(offset, plan, order)  # (N+2, P)
@@ -119,7 +131,7 @@ def _forward_sums(scores: torch.Tensor, valid, pos_scores: torch.Tensor, plan: G
     above = suffix[:, (cell + plan.band + 1).clamp_max(plan.num_coarse)]  # (2, P)
     rank_all = sigma[0] + above[0] + above_window + 0.5
     rank_pos = sigma[1] + above[1] + 0.5
-    return rank_all, rank_pos, deriv[0], deriv[1], cell, offset
+    return rank_all, rank_pos, deriv[0], deriv[1]
 
 
 def _positive_indices(positive: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -172,26 +184,44 @@ class _SmoothedAPFast(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     @full_precision
     def backward(ctx, grad_output):  # type: ignore[override]
-        work, pos_index, rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = ctx.saved_tensors
-        plan: GridPlan = ctx.plan
-        scale = grad_output.to(torch.float64) / (pos_index.numel() * plan.temperature)
-        coef_a = 1.0 / rank_all
-        coef_b = -rank_pos / rank_all**2
-        weights = torch.stack([coef_a, coef_b], 1)
-        factors = moment_factors(plan.coarse_order, plan.ratio, work.device)
-        moments = point_moments(cell, offset, weights, plan) * factors.unsqueeze(1)
-        grid = correlate_band(moments, plan, shifts=(1,))[:, 0]  # (2, N+1, G): E_a, E_b
-        # E_a, E_b at the positives, from their coarse cell's polynomial in T.
-        at_pos = (grid.index_select(2, cell) * query_powers(offset, plan)).sum(1)  # (2, P)
-        pos_grad = at_pos.sum(0) - coef_a * deriv_pos - coef_b * deriv_all
-        # E_b at every item: Taylor coefficients in T (coarse units), re-expanded per fine cell.
-        taylor = grid[1].T * moment_factors(plan.coarse_order, -plan.ratio, work.device)
-        fine_table = taylor_to_fine(taylor * scale, plan)  # (G_f + 2, N_f + 1)
-        grad = torch.empty_like(work)
-        # Invalid items are binned into the empty sink row: their gradient is 0.
-        evaluate_fine(work, plan, fine_table, grad, ctx.valid)
-        grad[pos_index] = (pos_grad * scale).to(grad.dtype)
+        work, pos_index, *sums = ctx.saved_tensors
+        scale = grad_output.to(torch.float64) / (pos_index.numel() * ctx.plan.temperature)
+        grad = gradient_from_sums(work, ctx.valid, pos_index, sums, ctx.plan, scale)
         return grad, None, None, None, None, None
+
+
+def gradient_from_sums(work, valid, pos_index, sums, plan: GridPlan, scale, reduce_moments=None):
+    """``scale`` · ∂SAP/∂s for every item (module docstring, "Gradient"), in ``work``'s dtype.
+
+    Args:
+        work: (M,) detached scores; valid: the forward's mask (None: all items).
+        pos_index: (P,) flat indices of the valid positives.
+        sums: ``(R_A, R_P, D_A, D_P, cell, offset)`` at the positives, from the forward.
+        scale: 0-d float64, the incoming gradient over |P| τ (|P| over all ranks).
+        reduce_moments: applied to the positives' (2, N+1, G) weighted moments before the
+            correlation; the sharded kernel all-reduces them there, so E_a, E_b cover
+            every rank's positives.
+    """
+    rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = sums
+    coef_a = 1.0 / rank_all
+    coef_b = -rank_pos / rank_all**2
+    weights = torch.stack([coef_a, coef_b], 1)
+    moments = point_moments(cell, offset, weights, plan)
+    if reduce_moments is not None:
+        moments = reduce_moments(moments)
+    moments = moments * moment_factors(plan.coarse_order, plan.ratio, work.device).unsqueeze(1)
+    grid = correlate_band(moments, plan, shifts=(1,))[:, 0]  # (2, N+1, G): E_a, E_b
+    # E_a, E_b at the positives, from their coarse cell's polynomial in T.
+    at_pos = (grid.index_select(2, cell) * query_powers(offset, plan)).sum(1)  # (2, P)
+    pos_grad = at_pos.sum(0) - coef_a * deriv_pos - coef_b * deriv_all
+    # E_b at every item: Taylor coefficients in T (coarse units), re-expanded per fine cell.
+    taylor = grid[1].T * moment_factors(plan.coarse_order, -plan.ratio, work.device)
+    fine_table = taylor_to_fine(taylor * scale, plan)  # (G_f + 2, N_f + 1)
+    grad = torch.empty_like(work)
+    # Invalid items are binned into the empty sink row: their gradient is 0.
+    evaluate_fine(work, plan, fine_table, grad, valid)
+    grad[pos_index] = (pos_grad * scale).to(grad.dtype)
+    return grad
 
 
 def smoothed_ap_fast(

@@ -30,19 +30,19 @@ import torch
 
 from rl_gap.losses.common import compute_dtype
 from rl_gap.losses.fast_sap import binning as fast_binning
-from rl_gap.losses.fast_sap.binning import evaluate_fine, fine_moments
+from rl_gap.losses.fast_sap.binning import fine_moments
 from rl_gap.losses.fast_sap.grid import (
     GridPlan,
     coarse_moments,
     coarse_position,
-    correlate_band,
-    moment_factors,
     plan_grid,
     point_moments,
-    query_powers,
-    taylor_to_fine,
 )
-from rl_gap.losses.fast_sap.kernel import _positive_indices
+from rl_gap.losses.fast_sap.kernel import (
+    _positive_indices,
+    gradient_from_sums,
+    ranks_from_moments,
+)
 from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 from rl_gap.losses.smoothed_ap import auto_chunk_size
@@ -83,7 +83,6 @@ def _global_plan(work, valid, pos_scores, temperature, tolerance) -> GridPlan:
 
 def _forward_sums(scores, valid, pos_scores, plan: GridPlan):
     """``fast_rank._forward_sums`` with the additive moment tables all-reduced."""
-    device = scores.device
     order = plan.coarse_order + 1
     fine = fine_moments(scores, plan, valid)  # this rank's items only
     cell, offset = coarse_position(pos_scores, plan)
@@ -95,18 +94,7 @@ def _forward_sums(scores, valid, pos_scores, plan: GridPlan):
     size = local_all.numel()
     moments = packed[: 2 * size].view(2, *local_all.shape)  # (2, N+2, G): all items, positives
     above_window = packed[-1]
-    factors = moment_factors(order, plan.ratio, device)
-    grid = correlate_band(moments * factors.unsqueeze(1), plan, shifts=(0,), order=order)
-    at_cell = grid[:, 0].index_select(2, cell)
-    powers = query_powers(offset, plan, order)
-    sigma = (at_cell * powers).sum(1)
-    deriv = (at_cell[:, 1:] * powers[:-1]).sum(1)
-    counts = moments[:, 0]
-    suffix = torch.cat([counts.flip(1).cumsum(1).flip(1), counts.new_zeros(2, 1)], 1)
-    above = suffix[:, (cell + plan.band + 1).clamp_max(plan.num_coarse)]
-    rank_all = sigma[0] + above[0] + above_window + 0.5
-    rank_pos = sigma[1] + above[1] + 0.5
-    return rank_all, rank_pos, deriv[0], deriv[1], cell, offset
+    return (*ranks_from_moments(moments, above_window, cell, offset, plan), cell, offset)
 
 
 class _ShardedSmoothedAPFast(torch.autograd.Function):
@@ -135,24 +123,16 @@ class _ShardedSmoothedAPFast(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):  # type: ignore[override]
-        work, pos_index, rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = ctx.saved_tensors
-        plan: GridPlan = ctx.plan
-        scale = grad_output.to(torch.float64) / (ctx.num_pos * plan.temperature)
-        coef_a = 1.0 / rank_all
-        coef_b = -rank_pos / rank_all**2
-        weights = torch.stack([coef_a, coef_b], 1)
-        factors = moment_factors(plan.coarse_order, plan.ratio, work.device)
-        local = point_moments(cell, offset, weights, plan)
-        moments = shard_comm.all_reduce(local.contiguous()) * factors.unsqueeze(1)
-        grid = correlate_band(moments, plan, shifts=(1,))[:, 0]
-        at_pos = (grid.index_select(2, cell) * query_powers(offset, plan)).sum(1)
-        pos_grad = at_pos.sum(0) - coef_a * deriv_pos - coef_b * deriv_all
-        taylor = grid[1].T * moment_factors(plan.coarse_order, -plan.ratio, work.device)
-        fine_table = taylor_to_fine(taylor * scale, plan)
-        grad = torch.empty_like(work)
-        evaluate_fine(work, plan, fine_table, grad, ctx.valid)
-        grad[pos_index] = (pos_grad * scale).to(grad.dtype)
+        work, pos_index, *sums = ctx.saved_tensors
+        scale = grad_output.to(torch.float64) / (ctx.num_pos * ctx.plan.temperature)
+        grad = gradient_from_sums(
+            work, ctx.valid, pos_index, sums, ctx.plan, scale, reduce_moments=_sum_over_ranks
+        )
         return grad, None, None, None, None, None
+
+
+def _sum_over_ranks(moments: torch.Tensor) -> torch.Tensor:
+    return shard_comm.all_reduce(moments.contiguous())
 
 
 def sharded_smoothed_ap_fast(
