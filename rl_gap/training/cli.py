@@ -26,8 +26,9 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   ``--checkpoint_every_n_steps`` steps and on SIGTERM (then the command exits
   with status 143), every checkpoint is written atomically in its own folder
   (``rl_gap.training.checkpoint_io``), ``--ckpt_path last`` skips a damaged ``last.ckpt``
-  for the newest readable checkpoint (with a warning naming both), and resuming a checkpoint of a different configuration is
-  refused with the differing keys named, unless ``--force_resume true``;
+  for the newest readable checkpoint (with a warning naming both), and resuming a checkpoint
+  of a different configuration is refused with the differing keys named, unless
+  ``--force_resume true`` (``rl_gap.training.resume``);
 - clear errors before anything is built: an empty or missing config file, a
   ``--ckpt_path`` that is not a checkpoint, a loss name or key the loss
   registry does not know (also under ``--print_config``);
@@ -43,7 +44,6 @@ import io
 import os
 import random
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -62,7 +62,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.modules.base import RankingModule
-from rl_gap.resources import recipe_path
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
@@ -79,17 +78,16 @@ from rl_gap.training.loggers import (
 from rl_gap.training.parser import (
     RECIPE_LOSS_KEYS,
     RLGapArgumentParser,
+    config_file_args,
     recipe_flat_loss_keys,
+    with_shipped_recipes,
 )
+from rl_gap.training.resume import ResumeRefused, check_resume
 from rl_gap.training.run_config import (
     check_config_file,
-    config_mismatch,
     flatten_config,
-    load_checkpoint_file,
-    nonfinite_weights_error,
     overrides_hash,
-    resume_mismatch_message,
-    run_folder_name,
+    run_dir_for,
     training_config,
 )
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
@@ -97,105 +95,10 @@ from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, si
 from rl_gap.training.trainer_args import restore_integers, written_integers
 
 
-def run_dir_for(
-    config_files: list[Any] | None,
-    output_dir: str,
-    run_name: str | None,
-    seed: Any = None,
-    overrides: str = "",
-) -> Path:
-    """The run folder: ``<output_dir>/<recipe folder>/<recipe stem>/<seed<N>[-<overrides>]>``.
-
-    ``run_name`` gives ``<output_dir>/<run_name>`` instead. ``seed`` is the
-    resolved ``seed_everything`` (None: the folder has no seed level, as for
-    callers that only need the recipe's folder); ``overrides`` the hash from
-    :func:`rl_gap.training.run_config.overrides_hash`.
-    """
-    if run_name:
-        return Path(output_dir) / run_name
-    if config_files:
-        recipe = Path(str(config_files[-1]))
-        base = Path(output_dir) / recipe.parent.name / recipe.stem
-    else:
-        base = Path(output_dir) / "run"
-    if seed is None and not overrides:
-        return base
-    return base / run_folder_name(seed, overrides)
-
-
 def _fail(message: str) -> NoReturn:
     """A usage error: one message on stderr, exit status 2 (as argparse)."""
     sys.stderr.write(f"rl-gap: error: {message}\n")
     raise SystemExit(2)
-
-
-def _config_file_args(words: list[str]) -> list[str]:
-    """The values of ``--config``/``-c`` in a command line."""
-    found = []
-    for i, word in enumerate(words):
-        if word in ("--config", "-c") and i + 1 < len(words):
-            found.append(words[i + 1])
-        elif word.startswith("--config="):
-            found.append(word.split("=", 1)[1])
-    return found
-
-
-def _with_shipped_recipes(words: list[str]) -> list[str]:
-    """``--config recipes/x/y.yaml`` outside a checkout: the recipe shipped in the package.
-
-    A path that exists is kept as given; one that does not but names a shipped recipe
-    (``recipes/demo/mnist_gsap.yaml`` or ``demo/mnist_gsap``) is replaced by the installed
-    file, so the README's commands also work from a wheel installed anywhere.
-    """
-    out = list(words)
-    for i, word in enumerate(out):
-        if i > 0 and out[i - 1] in ("--config", "-c"):
-            prefix, value = "", word
-        elif word.startswith("--config="):
-            prefix, value = "--config=", word.split("=", 1)[1]
-        else:
-            continue
-        if not Path(value).exists():
-            # a name that is neither a file nor a shipped recipe: check_config_file names it
-            with contextlib.suppress(FileNotFoundError):
-                out[i] = prefix + str(recipe_path(value))
-    return out
-
-
-def _newest_readable_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """``--ckpt_path last``: the newest ``last*.ckpt`` if it loads, else the newest ``*.ckpt`` that does.
-
-    A damaged file (0 bytes after a kill, truncated by a full disk) is skipped with a
-    warning naming it and the checkpoint used instead. Exits with status 2 if
-    checkpoints exist but none loads; None if the folder holds no checkpoint.
-    """
-    if not folder.is_dir():
-        return None
-    files = [p for p in folder.glob("*.ckpt") if p.is_file()]
-    # last*.ckpt first (what Lightning's "last" means), then the others, each newest first
-    files.sort(key=lambda p: (not p.name.startswith("last"), -p.stat().st_mtime))
-    if not files:
-        return None
-    skipped = []
-    for path in files:
-        try:
-            ckpt = load_checkpoint_file(path)
-        except (FileNotFoundError, ValueError) as err:
-            skipped.append(f"  {path}: {str(err).split('. Pass', 1)[0]}")
-            continue
-        if skipped:
-            warnings.warn(
-                "--ckpt_path last: skipping unreadable checkpoint(s):\n" + "\n".join(skipped)
-                + f"\nresuming from the newest readable one, {path} (epoch "
-                f"{ckpt.get('epoch')}, step {ckpt.get('global_step')})",
-                UserWarning,
-                stacklevel=2,
-            )  # fmt: skip
-        return path, ckpt
-    _fail(
-        f"--ckpt_path last: no checkpoint in {folder} can be read:\n" + "\n".join(skipped)
-        + "\nstart from scratch without --ckpt_path, or pass a good checkpoint file"
-    )  # fmt: skip
 
 
 def _with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
@@ -269,12 +172,10 @@ class RLGapCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         words = None
         if args is None or isinstance(args, (list, tuple)):
-            words = _with_shipped_recipes(
-                [str(w) for w in (sys.argv[1:] if args is None else args)]
-            )
+            words = with_shipped_recipes([str(w) for w in (sys.argv[1:] if args is None else args)])
             args = words
             recipes = []
-            for path in _config_file_args(words):
+            for path in config_file_args(words):
                 try:
                     check_config_file(path)
                 except (FileNotFoundError, ValueError) as err:
@@ -283,7 +184,7 @@ class RLGapCLI(LightningCLI):
                 if found:
                     recipes.append((path, *found))
             token = RECIPE_LOSS_KEYS.set(tuple(recipes))
-            self._written_integers = written_integers(words, _config_file_args(words))
+            self._written_integers = written_integers(words, config_file_args(words))
         try:
             super().parse_arguments(parser, args)
             self._resolve_run(parser)
@@ -314,7 +215,16 @@ class RLGapCLI(LightningCLI):
         self._run = {"root": root, "config": train, "full": full, "overrides": overrides}
         ckpt_path = cfg.get("ckpt_path")
         if ckpt_path:
-            self._check_checkpoint(sub, str(ckpt_path), root, train, bool(cfg.get("force_resume")))
+            force = bool(cfg.get("force_resume"))
+            try:
+                resume = check_resume(sub, str(ckpt_path), root, train, force)
+            except ResumeRefused as err:
+                _fail(str(err))
+            if resume is not None:
+                if ckpt_path == "last":
+                    # Lightning's own "last" would pick the newest last*.ckpt even if damaged
+                    cfg["ckpt_path"] = str(resume.path)
+                self._ckpt_wandb_id = resume.wandb_id
 
     @staticmethod
     def _baseline_config(
@@ -333,50 +243,6 @@ class RLGapCLI(LightningCLI):
         except (SystemExit, Exception):  # e.g. a required key given only on the command line
             return None
         return training_config(flatten_config(base[sub] if sub else base))
-
-    def _check_checkpoint(
-        self, sub: str | None, ckpt_path: str, root: Path, train: dict[str, Any], force: bool
-    ) -> None:
-        if ckpt_path == "last":
-            found = _newest_readable_checkpoint(root / "checkpoints")
-            if found is None:
-                return  # Lightning warns and starts from scratch (set-and-forget in job scripts)
-            path, ckpt = found
-            # Lightning's own "last" would pick the newest last*.ckpt even if it is damaged
-            cfg = self.config[sub] if sub else self.config
-            cfg["ckpt_path"] = str(path)
-        elif ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry"):
-            return
-        else:
-            path = Path(ckpt_path)
-            try:
-                ckpt = load_checkpoint_file(path)
-            except (FileNotFoundError, ValueError) as err:
-                _fail(str(err))
-        nonfinite = nonfinite_weights_error(ckpt, path)
-        if nonfinite:
-            _fail(nonfinite)
-        record = ckpt.get("rl_gap") or {}
-        self._ckpt_wandb_id = record.get("wandb_id")
-        if sub != "fit":
-            return
-        if record.get("config") is None:
-            warnings.warn(
-                f"{path} holds no rl_gap config record; cannot check that it comes from the "
-                "same configuration",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        diff = config_mismatch(record["config"], train)
-        if diff and not force:
-            _fail(resume_mismatch_message(path, diff))
-        if diff:
-            warnings.warn(
-                f"--force_resume: resuming {path} written by a different configuration:\n{diff}",
-                UserWarning,
-                stacklevel=2,
-            )
 
     # ----------------------------------------------------------------- trainer
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> L.Trainer:

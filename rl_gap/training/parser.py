@@ -1,5 +1,7 @@
 """The argument parser of ``rl-gap fit|...``: the loss block checked before jsonargparse types it.
 
+- the command line's ``--config`` files found (:func:`config_file_args`), and a recipe path
+  that is not there replaced by the recipe shipped in the package (:func:`with_shipped_recipes`);
 - a loss section's per-loss tables and command-line values resolved as they will be built
   (``--print_config`` shows exactly that);
 - a recipe with loose (old-style) loss keys refused when the loss is swapped;
@@ -9,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
 from contextvars import ContextVar
@@ -19,6 +22,7 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
 from rl_gap.losses.registry import normalize_loss_section
+from rl_gap.resources import recipe_path
 from rl_gap.training.run_config import loss_section_error
 
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -28,6 +32,39 @@ _SUBCOMMANDS = ("fit", "validate", "test", "predict")
 RECIPE_LOSS_KEYS: ContextVar[tuple[tuple[str, str, tuple[str, ...]], ...]] = ContextVar(
     "rl_gap_recipe_loss_keys", default=()
 )
+
+
+def config_file_args(words: list[str]) -> list[str]:
+    """The values of ``--config``/``-c`` in a command line."""
+    found = []
+    for i, word in enumerate(words):
+        if word in ("--config", "-c") and i + 1 < len(words):
+            found.append(words[i + 1])
+        elif word.startswith("--config="):
+            found.append(word.split("=", 1)[1])
+    return found
+
+
+def with_shipped_recipes(words: list[str]) -> list[str]:
+    """``--config recipes/x/y.yaml`` outside a checkout: the recipe shipped in the package.
+
+    A path that exists is kept as given; one that does not but names a shipped recipe
+    (``recipes/demo/mnist_gsap.yaml`` or ``demo/mnist_gsap``) is replaced by the installed
+    file, so the README's commands also work from a wheel installed anywhere.
+    """
+    out = list(words)
+    for i, word in enumerate(out):
+        if i > 0 and out[i - 1] in ("--config", "-c"):
+            prefix, value = "", word
+        elif word.startswith("--config="):
+            prefix, value = "--config=", word.split("=", 1)[1]
+        else:
+            continue
+        if not Path(value).exists():
+            # a name that is neither a file nor a shipped recipe: check_config_file names it
+            with contextlib.suppress(FileNotFoundError):
+                out[i] = prefix + str(recipe_path(value))
+    return out
 
 
 def recipe_flat_loss_keys(path: str | Path) -> tuple[str, tuple[str, ...]] | None:

@@ -11,7 +11,7 @@ Pure helpers (no Lightning) used by :mod:`rl_gap.training.cli` and
   another GPU count, with another progress bar or with the data at another path is allowed;
 - :func:`run_folder_name` is ``seed<N>`` plus ``-<hash>`` of the training keys that
   differ from the recipe's own values, so every override combination and every
-  seed gets its own run folder;
+  seed gets its own run folder (:func:`run_dir_for` the whole path);
 - :func:`config_mismatch` names the keys in which a checkpoint's config and the
   current one differ; :func:`load_checkpoint_file` and :func:`check_config_file`
   turn a wrong file into one clear error;
@@ -151,6 +151,32 @@ def run_folder_name(seed: Any, overrides: str) -> str:
     """``seed0``, ``seed0-1a2b3c4d`` (overrides hash), ``noseed`` when seeding is off."""
     name = f"seed{seed}" if isinstance(seed, int) and not isinstance(seed, bool) else "noseed"
     return f"{name}-{overrides}" if overrides else name
+
+
+def run_dir_for(
+    config_files: list[Any] | None,
+    output_dir: str,
+    run_name: str | None,
+    seed: Any = None,
+    overrides: str = "",
+) -> Path:
+    """The run folder: ``<output_dir>/<recipe folder>/<recipe stem>/<seed<N>[-<overrides>]>``.
+
+    ``run_name`` gives ``<output_dir>/<run_name>`` instead. ``seed`` is the
+    resolved ``seed_everything`` (None: the folder has no seed level, as for
+    callers that only need the recipe's folder); ``overrides`` the hash from
+    :func:`overrides_hash`.
+    """
+    if run_name:
+        return Path(output_dir) / run_name
+    if config_files:
+        recipe = Path(str(config_files[-1]))
+        base = Path(output_dir) / recipe.parent.name / recipe.stem
+    else:
+        base = Path(output_dir) / "run"
+    if seed is None and not overrides:
+        return base
+    return base / run_folder_name(seed, overrides)
 
 
 def _short(value: Any) -> str:

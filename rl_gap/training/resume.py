@@ -1,0 +1,140 @@
+"""What ``--ckpt_path`` resumes, checked before Lightning reads the file.
+
+Used by :mod:`rl_gap.training.cli` while it parses the command line, so that a bad
+checkpoint stops the command before anything is built or written:
+
+- ``--ckpt_path last``: the newest ``last*.ckpt`` that loads, else the newest readable
+  ``*.ckpt`` (a damaged file is skipped with a warning naming both); no checkpoint at all
+  lets Lightning start from scratch;
+- a file that is not a checkpoint, or holds non-finite weights, is refused;
+- ``fit`` from a checkpoint of a different configuration is refused with the differing
+  keys named, unless ``force`` (then they are a warning).
+
+A refusal is a :class:`ResumeRefused`; the CLI prints its message and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_gap.training.run_config import (
+    config_mismatch,
+    load_checkpoint_file,
+    nonfinite_weights_error,
+    resume_mismatch_message,
+)
+
+__all__ = ["Resume", "ResumeRefused", "check_resume", "newest_readable_checkpoint"]
+
+
+class ResumeRefused(ValueError):
+    """``--ckpt_path`` names nothing this run can resume (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a run resumes: its file and the W&B run id it recorded (None: none)."""
+
+    path: Path
+    wandb_id: str | None
+
+
+def newest_readable_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """``--ckpt_path last``: the newest ``last*.ckpt`` if it loads, else the newest ``*.ckpt`` that does.
+
+    A damaged file (0 bytes after a kill, truncated by a full disk) is skipped with a
+    warning naming it and the checkpoint used instead. None if the folder holds no
+    checkpoint.
+
+    Raises:
+        ResumeRefused: checkpoints exist but none loads.
+    """
+    if not folder.is_dir():
+        return None
+    files = [p for p in folder.glob("*.ckpt") if p.is_file()]
+    # last*.ckpt first (what Lightning's "last" means), then the others, each newest first
+    files.sort(key=lambda p: (not p.name.startswith("last"), -p.stat().st_mtime))
+    if not files:
+        return None
+    skipped = []
+    for path in files:
+        try:
+            ckpt = load_checkpoint_file(path)
+        except (FileNotFoundError, ValueError) as err:
+            skipped.append(f"  {path}: {str(err).split('. Pass', 1)[0]}")
+            continue
+        if skipped:
+            warnings.warn(
+                "--ckpt_path last: skipping unreadable checkpoint(s):\n" + "\n".join(skipped)
+                + f"\nresuming from the newest readable one, {path} (epoch "
+                f"{ckpt.get('epoch')}, step {ckpt.get('global_step')})",
+                UserWarning,
+                stacklevel=2,
+            )  # fmt: skip
+        return path, ckpt
+    raise ResumeRefused(
+        f"--ckpt_path last: no checkpoint in {folder} can be read:\n" + "\n".join(skipped)
+        + "\nstart from scratch without --ckpt_path, or pass a good checkpoint file"
+    )  # fmt: skip
+
+
+def check_resume(
+    subcommand: str | None, ckpt_path: str, root: Path, train: dict[str, Any], force: bool
+) -> Resume | None:
+    """Check ``--ckpt_path`` for a run in ``root`` whose training config is ``train``.
+
+    Args:
+        subcommand: ``fit``, ``validate``, ... (only ``fit`` compares configurations).
+        ckpt_path: as given: a file, ``last`` (looked up in ``root/checkpoints``), or one of
+            Lightning's own ``best``/``hpc``/``registry...`` (left to Lightning).
+        force: ``--force_resume``: a differing configuration is a warning, not a refusal.
+
+    Returns:
+        The checkpoint to resume; None when there is nothing to check (Lightning's own
+        names, or ``last`` with no checkpoint yet).
+
+    Raises:
+        ResumeRefused: no readable checkpoint, non-finite weights, or (``fit``) another
+            configuration's checkpoint without ``force``.
+    """
+    if ckpt_path == "last":
+        found = newest_readable_checkpoint(root / "checkpoints")
+        if found is None:
+            return None  # Lightning warns and starts from scratch (set-and-forget in job scripts)
+        path, ckpt = found
+    elif ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry"):
+        return None
+    else:
+        path = Path(ckpt_path)
+        try:
+            ckpt = load_checkpoint_file(path)
+        except (FileNotFoundError, ValueError) as err:
+            raise ResumeRefused(str(err)) from None
+    nonfinite = nonfinite_weights_error(ckpt, path)
+    if nonfinite:
+        raise ResumeRefused(nonfinite)
+    record = ckpt.get("rl_gap") or {}
+    resume = Resume(path, record.get("wandb_id"))
+    if subcommand != "fit":
+        return resume
+    if record.get("config") is None:
+        warnings.warn(
+            f"{path} holds no rl_gap config record; cannot check that it comes from the "
+            "same configuration",
+            UserWarning,
+            stacklevel=2,
+        )
+        return resume
+    diff = config_mismatch(record["config"], train)
+    if diff and not force:
+        raise ResumeRefused(resume_mismatch_message(path, diff))
+    if diff:
+        warnings.warn(
+            f"--force_resume: resuming {path} written by a different configuration:\n{diff}",
+            UserWarning,
+            stacklevel=2,
+        )
+    return resume
