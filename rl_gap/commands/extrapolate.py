@@ -15,8 +15,9 @@ prediction writer holding ``embeddings.npy`` (n, d) and ``labels.npy`` (n,)):
   by position (the sample must then be in random order).
 
 Prints a table (the estimators with 95% query-bootstrap intervals and the
-sufficient-budget diagnostic), writes JSON, and with ``--plot`` draws
-predicted mAP@k against gallery size (after the JSON is written).
+sufficient-budget diagnostic); ``--json PATH`` also writes the results there (nothing is
+written without it), and ``--plot`` draws predicted mAP@k against gallery size (after the
+JSON is written).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--block-size", type=int, default=32768, help="distractors per GEMM block")
     parser.add_argument(
-        "--json", default="extrapolate.json", help="where to write the results ('' = don't)"
+        "--json", default=None, help="also write the results as JSON here (default: only print)"
     )
     parser.add_argument("--plot", help="draw predicted mAP@k vs gallery size to this image")
     parser.add_argument("--seed", type=int, default=0)
@@ -362,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_json(path: str, out: dict, quiet: bool = False) -> None:
+def _write_json(path: str | None, out: dict, quiet: bool = False) -> None:
     if not path:
         return
     with open(path, "w") as f:

@@ -65,6 +65,33 @@ def test_extrapolate_cli_table_json_and_plot(tmp_path, capsys):
     assert curves["evt"]["map"][0] >= curves["evt"]["map"][-1]  # mAP never rises with N
 
 
+def test_json_is_written_only_when_asked_for(tmp_path, monkeypatch, capsys):
+    inputs, work = tmp_path / "inputs", tmp_path / "work"
+    inputs.mkdir()
+    work.mkdir()
+    q, p, owner, x = write_inputs(inputs, S=2000)
+    monkeypatch.chdir(work)
+    args = ["extrapolate", "--queries", str(inputs / "q.npy"), "--positives", str(inputs / "p.pt"),
+            "--positive-query", str(inputs / "owner.npy"), "--distractors", str(inputs / "x.npy"),
+            "--gallery-size", "20000", "--k", "50", "--n-boot", "20", "--estimators", "count",
+            "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    assert "95% CI" in capsys.readouterr().out  # the table is always printed
+    assert sorted(work.iterdir()) == []  # and nothing is dropped into the working folder
+    assert main([*args, "--json", "res.json"]) == 0
+    assert "results written to res.json" in capsys.readouterr().out
+    assert sorted(f.name for f in work.iterdir()) == ["res.json"]
+    res = json.loads((work / "res.json").read_text())
+    rows = [[float(q[i] @ p[j]) for j in range(len(owner)) if owner[j] == i] for i in range(len(q))]
+    m = max(len(r) for r in rows)
+    pos = torch.tensor([r + [math.nan] * (m - len(r)) for r in rows], dtype=torch.float64)
+    ref = predict_map(
+        pos, torch.from_numpy(q @ x.T), gallery_size=20_000, k=50, estimator="count", n_boot=20
+    )
+    assert res["sample_size"] == 2000
+    assert res["estimators"]["count"]["map"] == pytest.approx(ref.map, abs=1e-5)
+
+
 def test_extrapolate_cli_labels_and_errors(tmp_path):
     q, p, owner, x = write_inputs(tmp_path, seed=1)
     np.save(tmp_path / "ql.npy", np.arange(q.shape[0]))
