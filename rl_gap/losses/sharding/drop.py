@@ -21,6 +21,12 @@ list in chunks, so no full-size key array exists). float32 keys take 3
 passes, float64 keys 6.
 Communication: 16 KiB per pass, plus one all-gather of each rank's tie count
 to resolve r in flat order.
+
+On CPU float32/float64 scores the passes run in the fast-gSAP library
+(``fast_sap.native``: the single-process select's own histogram and marking
+passes, 16-bit digits, two passes for float32): each pass is one native scan of
+the local list, and its 2^16-bin histogram is all-reduced (int32 while the
+global number of negatives fits, 256 KiB per pass).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from __future__ import annotations
 import torch
 
 from rl_gap.losses.common import num_dropped
+from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap import native as fast_native
 from rl_gap.losses.sharding import comm as shard_comm
 
 DIGIT_BITS = 11
@@ -143,12 +151,14 @@ def sharded_drop_mask(
     base = torch.ones_like(positive) if valid is None else valid
     if rate == 0.0:
         return base
+    work = scores.detach().reshape(-1)
+    if fast_binning.USE_NATIVE and fast_native.drop_passes_usable(work, positive, valid):
+        return _native_drop_mask(work, positive, valid, rate, base)
     negative = base & ~positive
     local_neg = int(torch.count_nonzero(negative))
     k = int(num_dropped(shard_comm.global_count(local_neg, scores.device), rate))
     if k == 0:
         return base
-    work = scores.detach().reshape(-1)
     cut, ties_to_drop = select_kth(work, negative, k)
     # Float comparisons give the key order's sets: −0.0 == +0.0 here too.
     keep = base & ~(negative & (work < cut))
@@ -157,4 +167,36 @@ def sharded_drop_mask(
     rank, _ = shard_comm.require_group()
     before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
     keep[tied[: min(max(ties_to_drop - before, 0), tied.numel())]] = False
+    return keep
+
+
+def _native_drop_mask(
+    scores: torch.Tensor, positive: torch.Tensor, valid, rate: float, base: torch.Tensor
+) -> torch.Tensor:
+    """``sharded_drop_mask`` with the library's passes (see the module docstring)."""
+    width = 64 if scores.dtype == torch.float64 else 32
+    bits = fast_native.DROP_DIGIT_BITS
+    shift = width - bits
+    local = fast_native.drop_histogram(scores, positive, valid, shift, 0)  # every negative
+    total = shard_comm.global_count(int(local.sum()), scores.device)
+    k = int(num_dropped(total, rate))
+    if k == 0:
+        return base
+    wire = torch.int32 if total < (1 << 31) else torch.int64  # no count exceeds the total
+    prefix, remaining = 0, k
+    while True:
+        chosen, remaining = _choose(local.to(wire, copy=True), remaining)
+        prefix = (prefix << bits) | chosen
+        if shift == 0:
+            break
+        shift -= bits
+        local = fast_native.drop_histogram(scores, positive, valid, shift, prefix)
+    local_ties = int(local[chosen])  # the last digit completes the key: this rank's ties at v
+    counts = shard_comm.all_gather_sizes(local_ties, scores.device)
+    rank, _ = shard_comm.require_group()
+    before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
+    drop_here = min(max(remaining - before, 0), local_ties)
+    keep, tied = fast_native.drop_mark(scores, positive, valid, prefix, drop_here)
+    if tied != local_ties:
+        raise RuntimeError(f"drop select: {tied} ties at the cut, the histogram counted {local_ties}")
     return keep
