@@ -22,8 +22,8 @@ import torch.multiprocessing as mp
 
 from rl_gap.losses import available_losses, build_loss
 from rl_gap.losses.common import drop_lowest_negatives
-from rl_gap.losses.sharding.dispatch import supports_sharding
 from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.sharding.dispatch import supports_sharding
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 
 ROWS, COLS = 13, 17
