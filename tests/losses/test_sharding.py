@@ -93,7 +93,11 @@ def drop_lists():
         out[str(dtype)] = (scores, positive, valid)
     # Hundreds of ties at the cut on every rank (past the 64 positions a thread records).
     scores = torch.randint(-1, 2, (3000,), generator=gen) / 2.0
-    out["many_ties"] = (scores, torch.rand(3000, generator=gen) < 0.1, torch.rand(3000, generator=gen) > 0.05)
+    out["many_ties"] = (
+        scores,
+        torch.rand(3000, generator=gen) < 0.1,
+        torch.rand(3000, generator=gen) > 0.05,
+    )
     return out
 
 

@@ -198,5 +198,7 @@ def _native_drop_mask(
     drop_here = min(max(remaining - before, 0), local_ties)
     keep, tied = fast_native.drop_mark(scores, positive, valid, prefix, drop_here)
     if tied != local_ties:
-        raise RuntimeError(f"drop select: {tied} ties at the cut, the histogram counted {local_ties}")
+        raise RuntimeError(
+            f"drop select: {tied} ties at the cut, the histogram counted {local_ties}"
+        )
     return keep
