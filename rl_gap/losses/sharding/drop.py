@@ -25,8 +25,10 @@ to resolve r in flat order.
 On CPU float32/float64 scores the passes run in the fast-gSAP library
 (``fast_sap.native``: the single-process select's own histogram and marking
 passes, 16-bit digits, two passes for float32): each pass is one native scan of
-the local list, and its 2^16-bin histogram is all-reduced (int32 while the
-global number of negatives fits, 256 KiB per pass).
+the local list, and its 2^16-bin histogram is all-reduced. The first one in
+int64 (512 KiB): its sum is the global number of negatives, so no separate count
+is needed; later ones in int32 while that number fits (256 KiB). The tie counts
+are gathered only when the ties at v are not all dropped.
 """
 
 from __future__ import annotations
@@ -74,12 +76,17 @@ def _digit(keys: torch.Tensor, shift: int, bits: int) -> torch.Tensor:
     return (unsigned >> shift) & ((1 << bits) - 1)
 
 
-def _choose(hist: torch.Tensor, remaining: int) -> tuple[int, int]:
-    """All-reduce a digit histogram: the digit holding the ``remaining``-th key, and its rank there."""
-    shard_comm.all_reduce(hist)
+def _pick(hist: torch.Tensor, remaining: int) -> tuple[int, int]:
+    """The digit holding the ``remaining``-th key of a (global) histogram, and its rank there."""
     cum = hist.cumsum(0)
     chosen = int(torch.searchsorted(cum, torch.tensor(remaining, device=cum.device)))
     return chosen, remaining - (int(cum[chosen - 1]) if chosen else 0)
+
+
+def _choose(hist: torch.Tensor, remaining: int) -> tuple[int, int]:
+    """All-reduce a digit histogram, then ``_pick``."""
+    shard_comm.all_reduce(hist)
+    return _pick(hist, remaining)
 
 
 def _first_digit(scores: torch.Tensor, negative: torch.Tensor, k: int):
@@ -178,24 +185,30 @@ def _native_drop_mask(
     bits = fast_native.DROP_DIGIT_BITS
     shift = width - bits
     local = fast_native.drop_histogram(scores, positive, valid, shift, 0)  # every negative
-    total = shard_comm.global_count(int(local.sum()), scores.device)
+    # int64 on the first pass: its sum is the global number of negatives, which sets k
+    # (one collective instead of a count and then the histogram).
+    hist = shard_comm.all_reduce(local.clone())
+    total = int(hist.sum())
     k = int(num_dropped(total, rate))
     if k == 0:
         return base
     wire = torch.int32 if total < (1 << 31) else torch.int64  # no count exceeds the total
-    prefix, remaining = 0, k
-    while True:
-        chosen, remaining = _choose(local.to(wire, copy=True), remaining)
-        prefix = (prefix << bits) | chosen
-        if shift == 0:
-            break
+    prefix, remaining = _pick(hist, k)
+    while shift > 0:
         shift -= bits
         local = fast_native.drop_histogram(scores, positive, valid, shift, prefix)
-    local_ties = int(local[chosen])  # the last digit completes the key: this rank's ties at v
-    counts = shard_comm.all_gather_sizes(local_ties, scores.device)
-    rank, _ = shard_comm.require_group()
-    before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
-    drop_here = min(max(remaining - before, 0), local_ties)
+        hist = shard_comm.all_reduce(local.to(wire, copy=True))
+        chosen, remaining = _pick(hist, remaining)
+        prefix = (prefix << bits) | chosen
+    # The last digit completes the key: this rank's and every rank's ties at v.
+    local_ties, global_ties = int(local[chosen]), int(hist[chosen])
+    if remaining == global_ties:  # every tie is dropped (always so for distinct scores)
+        drop_here = local_ties
+    else:
+        counts = shard_comm.all_gather_sizes(local_ties, scores.device)
+        rank, _ = shard_comm.require_group()
+        before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
+        drop_here = min(max(remaining - before, 0), local_ties)
     keep, tied = fast_native.drop_mark(scores, positive, valid, prefix, drop_here)
     if tied != local_ties:
         raise RuntimeError(
