@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 from rl_gap.losses import available_losses, build_loss
 from rl_gap.losses.common import drop_lowest_negatives
+from rl_gap.losses.fast_sap import binning as fast_binning
 from rl_gap.losses.sharding.dispatch import supports_sharding
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 
@@ -90,6 +91,13 @@ def drop_lists():
         positive = torch.rand(40, generator=gen) < 0.2
         valid = torch.rand(40, generator=gen) > 0.15
         out[str(dtype)] = (scores, positive, valid)
+    # Hundreds of ties at the cut on every rank (past the 64 positions a thread records).
+    scores = torch.randint(-1, 2, (3000,), generator=gen) / 2.0
+    out["many_ties"] = (
+        scores,
+        torch.rand(3000, generator=gen) < 0.1,
+        torch.rand(3000, generator=gen) > 0.05,
+    )
     return out
 
 
@@ -110,10 +118,16 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                     name, kwargs, sim[rows], rel[rows], valid[rows], sharded=True
                 )
         drops = {}
-        for key, (scores, positive, valid) in drop_lists().items():
-            cut = slice(rank * 40 // world, (rank + 1) * 40 // world)
-            for rate in (0.1, 0.37, 0.5, 0.9):
-                drops[(key, rate)] = sharded_drop_mask(scores[cut], positive[cut], valid[cut], rate)
+        for native in (True, False):  # the library's passes, and the torch ops (CUDA's path)
+            fast_binning.USE_NATIVE = native
+            for key, (scores, positive, valid) in drop_lists().items():
+                size = scores.numel()
+                cut = slice(rank * size // world, (rank + 1) * size // world)
+                for rate in (0.1, 0.37, 0.5, 0.9):
+                    drops[(key, rate, native)] = sharded_drop_mask(
+                        scores[cut], positive[cut], valid[cut], rate
+                    )
+        fast_binning.USE_NATIVE = True
         errors = {}
         for key, kwargs in (("msap_sym", {"symmetric": True}), ("nan", {})):
             sim, rel, valid = make_matrix("smooth")
@@ -162,14 +176,15 @@ def _check(per_rank: list[dict], world: int) -> None:
                 torch.testing.assert_close(total, ref, rtol=0, atol=1e-10, msg=(kind, key, pname))
             checked.add(name)
     assert checked == set(available_losses())
-    for (key, rate), _ in per_rank[0]["drops"].items():
+    assert {native for _, _, native in per_rank[0]["drops"]} == {True, False}
+    for (key, rate, native), _ in per_rank[0]["drops"].items():
         scores, positive, valid = drop_lists()[key]
-        keep = torch.cat([r["drops"][(key, rate)] for r in per_rank])
+        keep = torch.cat([r["drops"][(key, rate, native)] for r in per_rank])
         # Reference: the exact path's sort-based drop over the list scores[valid] (flat order).
         ref_kept = drop_lowest_negatives(
             scores[valid][None], positive[valid][None], torch.ones_like(positive[valid])[None], rate
         )[0]
-        assert torch.equal(keep[valid], ref_kept), (key, rate)
+        assert torch.equal(keep[valid], ref_kept), (key, rate, native)
         assert not keep[~valid].any()
     for r in per_rank:
         assert "symmetric=True" in r["errors"]["msap_sym"]

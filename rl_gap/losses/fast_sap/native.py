@@ -56,6 +56,14 @@ def _declare(lib: ctypes.CDLL) -> None:
             p, p, p, i64, ctypes.c_double, p, i32
         ]  # fmt: skip
         getattr(lib, f"rl_gap_fast_drop_{suffix}").restype = i64
+        getattr(lib, f"rl_gap_fast_drop_histogram_{suffix}").argtypes = [
+            p, p, p, i64, i32, ctypes.c_uint64, p, i32
+        ]  # fmt: skip
+        getattr(lib, f"rl_gap_fast_drop_histogram_{suffix}").restype = None
+        getattr(lib, f"rl_gap_fast_drop_mark_{suffix}").argtypes = [
+            p, p, p, i64, ctypes.c_uint64, i64, p, i32
+        ]  # fmt: skip
+        getattr(lib, f"rl_gap_fast_drop_mark_{suffix}").restype = i64
 
 
 _LIBRARY = NativeLibrary(
@@ -208,3 +216,63 @@ def drop_mask(
     if dropped == 0:
         return torch.ones_like(positive) if valid is None else valid
     return keep
+
+
+# The drop select's digit width: histograms of 2^16 bins, float32 keys in 2 passes.
+DROP_DIGIT_BITS = 16
+
+
+def drop_passes_usable(scores: torch.Tensor, positive: torch.Tensor, valid) -> bool:
+    """Whether ``drop_histogram`` / ``drop_mark`` apply (contiguous CPU float32/float64)."""
+    return (
+        scores.device.type == "cpu"
+        and scores.dtype in (torch.float32, torch.float64)
+        and scores.is_contiguous()
+        and positive.is_contiguous()
+        and (valid is None or valid.is_contiguous())
+        and native_library() is not None
+    )
+
+
+def _drop_pass(name: str, scores: torch.Tensor, positive: torch.Tensor, valid):
+    lib = native_library()
+    suffix = "f32" if scores.dtype == torch.float32 else "f64"
+    return functools.partial(
+        getattr(lib, f"rl_gap_fast_drop_{name}_{suffix}"),
+        scores.data_ptr(),
+        positive.data_ptr(),
+        None if valid is None else valid.data_ptr(),
+        scores.numel(),
+    )
+
+
+def _drop_threads() -> int:
+    return max(1, min(torch.get_num_threads(), DROP_MAX_THREADS))
+
+
+def drop_histogram(
+    scores: torch.Tensor, positive: torch.Tensor, valid, shift: int, prefix: int
+) -> torch.Tensor:
+    """(2^16,) int64 histogram of digit ``[shift, shift + 16)`` of the negatives' order keys.
+
+    Keys are the library's unsigned order-preserving keys (−0.0 folded onto +0.0).
+    Only negatives (``~positive``, and ``valid`` where given) whose digits above
+    ``shift`` equal ``prefix`` are counted; on the top digit every negative is.
+    """
+    counts = torch.empty(1 << DROP_DIGIT_BITS, dtype=torch.int64)
+    _drop_pass("histogram", scores, positive, valid)(
+        int(shift), int(prefix), counts.data_ptr(), _drop_threads()
+    )
+    return counts
+
+
+def drop_mark(
+    scores: torch.Tensor, positive: torch.Tensor, valid, cut_key: int, ties_to_drop: int
+) -> tuple[torch.Tensor, int]:
+    """Keep mask ``valid & (positive | key >= cut_key)`` without the first ``ties_to_drop``
+    negatives keyed exactly ``cut_key`` (flat order); also returns how many negatives tie."""
+    keep = torch.empty_like(positive)
+    tied = _drop_pass("mark", scores, positive, valid)(
+        int(cut_key), int(ties_to_drop), keep.data_ptr(), _drop_threads()
+    )
+    return keep, int(tied)

@@ -198,50 +198,46 @@ inline bool is_negative(const uint8_t* positive, const uint8_t* valid, int64_t j
   return !positive[j] && (valid == nullptr || valid[j]);
 }
 
+// One digit pass of the radix select: counts[b] (kBins) = this list's negatives whose key
+// has digit b at [shift, shift + 16) and whose digits above it equal `prefix` (every
+// negative on the first pass). Per-thread histograms, summed into counts.
 template <typename T>
-int64_t drop_lowest(const T* s, const uint8_t* positive, const uint8_t* valid, int64_t n,
-                    double rate, uint8_t* keep, int threads) {
+void digit_histogram(const T* s, const uint8_t* positive, const uint8_t* valid, int64_t n,
+                     int shift, uint64_t prefix, uint64_t* counts, int threads) {
   using Key = decltype(sort_key(T(0)));
   constexpr int kKeyBits = 8 * sizeof(Key);
-  std::vector<uint64_t> hist(static_cast<size_t>(threads) * kBins);
-  std::vector<uint64_t> counts(kBins);
-  Key prefix = 0;
-  int64_t k = 0, rank = 0;
-  for (int shift = kKeyBits - kDigitBits; shift >= 0; shift -= kDigitBits) {
-    const bool first = shift == kKeyBits - kDigitBits;
-    const int prefix_shift = first ? 0 : shift + kDigitBits;
-    std::fill(hist.begin(), hist.end(), 0);
-    parallel(threads, [&](int tid, int nth) {
-      uint64_t* own = hist.data() + static_cast<int64_t>(tid) * kBins;
-      const int64_t per = (n + nth - 1) / nth;
-      const int64_t begin = std::min(n, per * tid), end = std::min(n, begin + per);
-      for (int64_t j = begin; j < end; ++j) {
-        if (!is_negative(positive, valid, j)) continue;
-        const Key key = sort_key(s[j]);
-        if (!first && (key >> prefix_shift) != prefix) continue;
-        ++own[(key >> shift) & (kBins - 1)];
-      }
-    });
-    std::fill(counts.begin(), counts.end(), 0);
-    for (int t = 0; t < threads; ++t) {
-      const uint64_t* own = hist.data() + static_cast<int64_t>(t) * kBins;
-      for (int64_t b = 0; b < kBins; ++b) counts[b] += own[b];
+  const bool first = shift == kKeyBits - kDigitBits;
+  const int prefix_shift = first ? 0 : shift + kDigitBits;
+  const Key want = static_cast<Key>(prefix);
+  std::vector<uint64_t> hist(static_cast<size_t>(threads) * kBins, 0);
+  int used = 1;
+  parallel(threads, [&](int tid, int nth) {
+    if (tid == 0) used = nth;
+    uint64_t* own = hist.data() + static_cast<int64_t>(tid) * kBins;
+    const int64_t per = (n + nth - 1) / nth;
+    const int64_t begin = std::min(n, per * tid), end = std::min(n, begin + per);
+    for (int64_t j = begin; j < end; ++j) {
+      if (!is_negative(positive, valid, j)) continue;
+      const Key key = sort_key(s[j]);
+      if (!first && (key >> prefix_shift) != want) continue;
+      ++own[(key >> shift) & (kBins - 1)];
     }
-    if (first) {
-      uint64_t total = 0;
-      for (int64_t b = 0; b < kBins; ++b) total += counts[b];
-      // Same double operations as common.num_dropped: floor(N * rate + 1e-9).
-      const double product = static_cast<double>(total) * rate;
-      k = static_cast<int64_t>(std::floor(product + 1e-9));
-      if (k <= 0) return 0;
-      rank = k;  // 1-based rank of the last dropped negative
-    }
-    int64_t bin = 0;
-    while (static_cast<int64_t>(counts[bin]) < rank) rank -= counts[bin++];
-    prefix = static_cast<Key>((prefix << kDigitBits) | static_cast<Key>(bin));
+  });
+  std::fill(counts, counts + kBins, 0);
+  for (int t = 0; t < used; ++t) {
+    const uint64_t* own = hist.data() + static_cast<int64_t>(t) * kBins;
+    for (int64_t b = 0; b < kBins; ++b) counts[b] += own[b];
   }
-  // prefix: key of the k-th smallest negative; rank: how many negatives tied at it are dropped.
-  const Key cut = prefix;
+}
+
+// The marking pass: keep = valid && (positive || key >= cut), then the first `ties_to_drop`
+// negatives with key == cut in flat order are dropped as well. Returns how many negatives
+// tie at cut.
+template <typename T>
+int64_t mark_kept(const T* s, const uint8_t* positive, const uint8_t* valid, int64_t n,
+                  uint64_t cut_key, int64_t ties_to_drop, uint8_t* keep, int threads) {
+  using Key = decltype(sort_key(T(0)));
+  const Key cut = static_cast<Key>(cut_key);
   std::vector<int64_t> begins(threads + 1, n), tie_count(threads, 0);
   std::vector<int64_t> ties(static_cast<size_t>(threads) * kTieRecords);
   int used = 1;
@@ -263,6 +259,9 @@ int64_t drop_lowest(const T* s, const uint8_t* positive, const uint8_t* valid, i
     }
     tie_count[tid] = found;
   });
+  int64_t tied = 0;
+  for (int t = 0; t < used; ++t) tied += tie_count[t];
+  int64_t rank = ties_to_drop;
   for (int t = 0; t < used && rank > 0; ++t) {
     const int64_t quota = std::min(rank, tie_count[t]);
     rank -= quota;
@@ -280,6 +279,34 @@ int64_t drop_lowest(const T* s, const uint8_t* positive, const uint8_t* valid, i
       }
     }
   }
+  return tied;
+}
+
+template <typename T>
+int64_t drop_lowest(const T* s, const uint8_t* positive, const uint8_t* valid, int64_t n,
+                    double rate, uint8_t* keep, int threads) {
+  using Key = decltype(sort_key(T(0)));
+  constexpr int kKeyBits = 8 * sizeof(Key);
+  std::vector<uint64_t> counts(kBins);
+  uint64_t prefix = 0;
+  int64_t k = 0, rank = 0;
+  for (int shift = kKeyBits - kDigitBits; shift >= 0; shift -= kDigitBits) {
+    digit_histogram(s, positive, valid, n, shift, prefix, counts.data(), threads);
+    if (shift == kKeyBits - kDigitBits) {
+      uint64_t total = 0;
+      for (int64_t b = 0; b < kBins; ++b) total += counts[b];
+      // Same double operations as common.num_dropped: floor(N * rate + 1e-9).
+      const double product = static_cast<double>(total) * rate;
+      k = static_cast<int64_t>(std::floor(product + 1e-9));
+      if (k <= 0) return 0;
+      rank = k;  // 1-based rank of the last dropped negative
+    }
+    int64_t bin = 0;
+    while (static_cast<int64_t>(counts[bin]) < rank) rank -= counts[bin++];
+    prefix = (prefix << kDigitBits) | static_cast<uint64_t>(bin);
+  }
+  // prefix: key of the k-th smallest negative; rank: how many negatives tied at it are dropped.
+  mark_kept(s, positive, valid, n, prefix, rank, keep, threads);
   return k;
 }
 
@@ -298,6 +325,36 @@ int64_t rl_gap_fast_drop_f32(const float* scores, const uint8_t* positive, const
 int64_t rl_gap_fast_drop_f64(const double* scores, const uint8_t* positive, const uint8_t* valid,
                              int64_t n, double rate, uint8_t* keep, int threads) {
   return drop_lowest<double>(scores, positive, valid, n, rate, keep, threads);
+}
+
+// One digit pass of the radix select (digit [shift, shift + 16) of the order-preserving key;
+// the higher digits must equal `prefix`; on the top digit prefix is ignored): counts is
+// (65536,) and receives this list's histogram. Used by the sharded selection, which
+// all-reduces the histograms between passes.
+void rl_gap_fast_drop_histogram_f32(const float* scores, const uint8_t* positive,
+                                    const uint8_t* valid, int64_t n, int shift, uint64_t prefix,
+                                    uint64_t* counts, int threads) {
+  digit_histogram<float>(scores, positive, valid, n, shift, prefix, counts, threads);
+}
+
+void rl_gap_fast_drop_histogram_f64(const double* scores, const uint8_t* positive,
+                                    const uint8_t* valid, int64_t n, int shift, uint64_t prefix,
+                                    uint64_t* counts, int threads) {
+  digit_histogram<double>(scores, positive, valid, n, shift, prefix, counts, threads);
+}
+
+// keep = valid && (positive || key >= cut), minus the first `ties_to_drop` negatives keyed
+// exactly cut (flat order); returns how many negatives tie at cut.
+int64_t rl_gap_fast_drop_mark_f32(const float* scores, const uint8_t* positive,
+                                  const uint8_t* valid, int64_t n, uint64_t cut,
+                                  int64_t ties_to_drop, uint8_t* keep, int threads) {
+  return mark_kept<float>(scores, positive, valid, n, cut, ties_to_drop, keep, threads);
+}
+
+int64_t rl_gap_fast_drop_mark_f64(const double* scores, const uint8_t* positive,
+                                  const uint8_t* valid, int64_t n, uint64_t cut,
+                                  int64_t ties_to_drop, uint8_t* keep, int threads) {
+  return mark_kept<double>(scores, positive, valid, n, cut, ties_to_drop, keep, threads);
 }
 
 // Fine-expansion orders the library is instantiated for (the plan's FINE_ORDERS).

@@ -21,6 +21,14 @@ list in chunks, so no full-size key array exists). float32 keys take 3
 passes, float64 keys 6.
 Communication: 16 KiB per pass, plus one all-gather of each rank's tie count
 to resolve r in flat order.
+
+On CPU float32/float64 scores the passes run in the fast-gSAP library
+(``fast_sap.native``: the single-process select's own histogram and marking
+passes, 16-bit digits, two passes for float32): each pass is one native scan of
+the local list, and its 2^16-bin histogram is all-reduced. The first one in
+int64 (512 KiB): its sum is the global number of negatives, so no separate count
+is needed; later ones in int32 while that number fits (256 KiB). The tie counts
+are gathered only when the ties at v are not all dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from __future__ import annotations
 import torch
 
 from rl_gap.losses.common import num_dropped
+from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap import native as fast_native
 from rl_gap.losses.sharding import comm as shard_comm
 
 DIGIT_BITS = 11
@@ -66,12 +76,17 @@ def _digit(keys: torch.Tensor, shift: int, bits: int) -> torch.Tensor:
     return (unsigned >> shift) & ((1 << bits) - 1)
 
 
-def _choose(hist: torch.Tensor, remaining: int) -> tuple[int, int]:
-    """All-reduce a digit histogram: the digit holding the ``remaining``-th key, and its rank there."""
-    shard_comm.all_reduce(hist)
+def _pick(hist: torch.Tensor, remaining: int) -> tuple[int, int]:
+    """The digit holding the ``remaining``-th key of a (global) histogram, and its rank there."""
     cum = hist.cumsum(0)
     chosen = int(torch.searchsorted(cum, torch.tensor(remaining, device=cum.device)))
     return chosen, remaining - (int(cum[chosen - 1]) if chosen else 0)
+
+
+def _choose(hist: torch.Tensor, remaining: int) -> tuple[int, int]:
+    """All-reduce a digit histogram, then ``_pick``."""
+    shard_comm.all_reduce(hist)
+    return _pick(hist, remaining)
 
 
 def _first_digit(scores: torch.Tensor, negative: torch.Tensor, k: int):
@@ -143,12 +158,14 @@ def sharded_drop_mask(
     base = torch.ones_like(positive) if valid is None else valid
     if rate == 0.0:
         return base
+    work = scores.detach().reshape(-1)
+    if fast_binning.USE_NATIVE and fast_native.drop_passes_usable(work, positive, valid):
+        return _native_drop_mask(work, positive, valid, rate, base)
     negative = base & ~positive
     local_neg = int(torch.count_nonzero(negative))
     k = int(num_dropped(shard_comm.global_count(local_neg, scores.device), rate))
     if k == 0:
         return base
-    work = scores.detach().reshape(-1)
     cut, ties_to_drop = select_kth(work, negative, k)
     # Float comparisons give the key order's sets: −0.0 == +0.0 here too.
     keep = base & ~(negative & (work < cut))
@@ -157,4 +174,44 @@ def sharded_drop_mask(
     rank, _ = shard_comm.require_group()
     before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
     keep[tied[: min(max(ties_to_drop - before, 0), tied.numel())]] = False
+    return keep
+
+
+def _native_drop_mask(
+    scores: torch.Tensor, positive: torch.Tensor, valid, rate: float, base: torch.Tensor
+) -> torch.Tensor:
+    """``sharded_drop_mask`` with the library's passes (see the module docstring)."""
+    width = 64 if scores.dtype == torch.float64 else 32
+    bits = fast_native.DROP_DIGIT_BITS
+    shift = width - bits
+    local = fast_native.drop_histogram(scores, positive, valid, shift, 0)  # every negative
+    # int64 on the first pass: its sum is the global number of negatives, which sets k
+    # (one collective instead of a count and then the histogram).
+    hist = shard_comm.all_reduce(local.clone())
+    total = int(hist.sum())
+    k = int(num_dropped(total, rate))
+    if k == 0:
+        return base
+    wire = torch.int32 if total < (1 << 31) else torch.int64  # no count exceeds the total
+    prefix, remaining = _pick(hist, k)
+    while shift > 0:
+        shift -= bits
+        local = fast_native.drop_histogram(scores, positive, valid, shift, prefix)
+        hist = shard_comm.all_reduce(local.to(wire, copy=True))
+        chosen, remaining = _pick(hist, remaining)
+        prefix = (prefix << bits) | chosen
+    # The last digit completes the key: this rank's and every rank's ties at v.
+    local_ties, global_ties = int(local[chosen]), int(hist[chosen])
+    if remaining == global_ties:  # every tie is dropped (always so for distinct scores)
+        drop_here = local_ties
+    else:
+        counts = shard_comm.all_gather_sizes(local_ties, scores.device)
+        rank, _ = shard_comm.require_group()
+        before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
+        drop_here = min(max(remaining - before, 0), local_ties)
+    keep, tied = fast_native.drop_mark(scores, positive, valid, prefix, drop_here)
+    if tied != local_ties:
+        raise RuntimeError(
+            f"drop select: {tied} ties at the cut, the histogram counted {local_ties}"
+        )
     return keep

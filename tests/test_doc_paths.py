@@ -1,0 +1,47 @@
+"""The guides name files that exist: every repository path in README.md and docs/*.md.
+
+A path is ``tests/``, ``scripts/``, ``research/``, ``recipes/``, ``docs/`` or
+``rl_gap/`` followed by a file name with one of the repository's extensions.
+The old names in the README's "Moved names" table (its first column) are the
+one place where paths that no longer exist are meant.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PATH = re.compile(
+    r"(?<![\w/.])(?:tests|scripts|research|recipes|docs|rl_gap)/[\w/.-]*?\.(?:py|yaml|md|json|cpp)\b"
+)
+
+
+def _mentions(text: str) -> list[tuple[int, str]]:
+    out = []
+    moved = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#"):
+            moved = line.strip("# ").lower() == "moved names"
+        if moved and line.startswith("|"):
+            line = "|".join(line.split("|")[2:])  # the new names only
+        out += [(number, path) for path in PATH.findall(line) if "..." not in path]
+    return out
+
+
+def test_pattern_finds_paths():
+    found = [p for _, p in _mentions("see `tests/losses/test_sharding.py` and docs/gpu.md.")]
+    assert found == ["tests/losses/test_sharding.py", "docs/gpu.md"]
+    table = "### Moved names\n| `rl_gap/old.py` | `rl_gap/new.py` |\n## Next\n`rl_gap/x.py`"
+    assert [p for _, p in _mentions(table)] == ["rl_gap/new.py", "rl_gap/x.py"]
+
+
+def test_every_named_path_exists():
+    guides = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = [
+        f"{guide.relative_to(ROOT)}:{number}: {path}"
+        for guide in guides
+        for number, path in _mentions(guide.read_text())
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "guides name files that do not exist:\n" + "\n".join(missing)
