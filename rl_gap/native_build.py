@@ -57,6 +57,8 @@ class NativeLibrary:
         declare: sets ``argtypes``/``restype`` of the exported functions.
         flags: compiler flags, or a callable returning them at build time.
         what: name used in warnings and errors.
+        headers: files the source includes; they are hashed with it, so an edited
+            header builds afresh.
     """
 
     def __init__(
@@ -66,8 +68,10 @@ class NativeLibrary:
         declare: Callable[[ctypes.CDLL], None],
         flags: Sequence[str] | Callable[[], Sequence[str]] = BASE_FLAGS,
         what: str = "native helper",
+        headers: Sequence[Path] = (),
     ) -> None:
         self.source, self.stem, self.declare = Path(source), stem, declare
+        self.headers = tuple(Path(h) for h in headers)
         self.flags, self.what = flags, what
         self._lock = threading.Lock()
         self._library: ctypes.CDLL | None = None
@@ -103,7 +107,7 @@ class NativeLibrary:
 
     def _build(self, compiler: str) -> Path:
         flags = list(self.flags() if callable(self.flags) else self.flags)
-        source = self.source.read_bytes()
+        source = b"".join(path.read_bytes() for path in (self.source, *self.headers))
         key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
         target = cache_dir() / f"{self.stem}_{key}.so"
         if target.exists():

@@ -185,6 +185,31 @@ def test_native_1_makes_every_failed_build_an_error(monkeypatch, tmp_path):
     assert fallback.load() is None and not fallback.enabled()
 
 
+def test_edited_header_builds_afresh(monkeypatch, tmp_path):
+    """A helper's included headers are part of its build key: editing one builds a new
+    library that returns the new value, not the cached one."""
+    import ctypes
+
+    source, header = tmp_path / "probe.cpp", tmp_path / "probe_value.h"
+    source.write_text('#include "probe_value.h"\nextern "C" int rl_gap_probe() { return VALUE; }\n')
+    monkeypatch.setenv("RL_GAP_CACHE", str(tmp_path / "cache"))
+
+    def declare(lib):
+        lib.rl_gap_probe.restype = ctypes.c_int
+
+    def probe() -> int:
+        lib = native_build.NativeLibrary(
+            source, "rl_gap_probe", declare, flags=("-O0", "-shared", "-fPIC"), headers=[header]
+        )
+        return lib.load().rl_gap_probe()
+
+    header.write_text("#define VALUE 17\n")
+    assert probe() == 17
+    header.write_text("#define VALUE 23\n")
+    assert probe() == 23
+    assert len(list((tmp_path / "cache").glob("rl_gap_probe_*.so"))) == 2
+
+
 def test_readme_recipe_paths_resolve_outside_a_checkout(tmp_path, monkeypatch, capsys):
     """`rl-gap fit --config recipes/...` from any folder uses the recipe shipped in the package."""
     from rl_gap.cli import main

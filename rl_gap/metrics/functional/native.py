@@ -21,7 +21,10 @@ from torch import Tensor
 
 from rl_gap.native_build import NativeLibrary
 
-__all__ = ["native_enabled", "native_library", "CellTable", "count_block"]
+__all__ = ["native_enabled", "native_library", "CellTable", "count_block", "ISA_LEVELS", "set_isa"]
+
+# Instruction-set paths of the kernel, slowest first (it picks the best the CPU has).
+ISA_LEVELS = ("scalar", "avx2", "avx512")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -32,14 +35,29 @@ def _declare(lib: ctypes.CDLL) -> None:
             [p, i64, i64, i32, p, i64, p, p, i64, p, p, i64, i64, p, p, p, p, p, i64, i32,
              i64, ctypes.c_int]
         )  # fmt: skip
+    lib.rl_gap_set_isa.argtypes = [ctypes.c_int]
+    lib.rl_gap_set_isa.restype = ctypes.c_int
 
 
 _LIBRARY = NativeLibrary(
     Path(__file__).with_name("native_count.cpp"), "rl_gap_count", _declare,
     what="native counting kernel",
+    headers=[Path(__file__).with_name("native_count_simd.h")],
 )  # fmt: skip
 native_enabled = _LIBRARY.enabled
 native_library = _LIBRARY.load
+
+
+def set_isa(isa: str | None = None) -> str:
+    """Make the kernel use the ``isa`` path (one of ``ISA_LEVELS``), or the best this
+    CPU runs (None); a path the CPU lacks gives the best below it. Returns the path
+    now in use. Every path gives the same counts (the tests run each)."""
+    if isa is not None and isa not in ISA_LEVELS:
+        raise ValueError(f"isa must be one of {ISA_LEVELS} or None, got {isa!r}")
+    lib = native_library()
+    if lib is None:
+        raise RuntimeError("native kernel unavailable")
+    return ISA_LEVELS[lib.rl_gap_set_isa(-1 if isa is None else ISA_LEVELS.index(isa))]
 
 
 def _suffix(dtype: torch.dtype) -> str:

@@ -288,38 +288,68 @@ def test_ceiling_at_least_gap_and_equal_when_optimally_interleaved():
     assert out["ceiling"] >= out["gap"] - 1e-12
 
 
-def test_native_kernel_matches_eager_counts(monkeypatch):
-    """The fused CPU kernel (built on first use, ~1 s) == the eager tensor path."""
-    from rl_gap.metrics.functional import counting, native
+@pytest.fixture(params=["scalar", "avx2", "avx512"])
+def kernel_isa(request):
+    """Runs a test on each instruction-set path of the kernel this CPU has."""
+    from rl_gap.metrics.functional import native
 
     if native.native_library() is None:
         pytest.skip("no C++ toolchain: the engine falls back to the eager path")
+    if native.set_isa(request.param) != request.param:
+        native.set_isa(None)
+        pytest.skip(f"this CPU has no {request.param}")
+    yield request.param
+    native.set_isa(None)
+
+
+@pytest.mark.parametrize("shape", [(300, 500), (37, 13)])
+def test_native_kernel_matches_eager_counts(monkeypatch, kernel_isa, shape):
+    """The fused CPU kernel (built on first use, ~1 s) == the eager tensor path, on
+    every instruction-set path; rows of 500 and 13 scores end in partial vectors."""
+    from rl_gap.metrics.functional import counting
+
+    rows, cols = shape
     g = torch.Generator().manual_seed(21)
-    uniform = torch.rand(300, 500, generator=g, dtype=torch.float64)
+    uniform = torch.rand(rows, cols, generator=g, dtype=torch.float64)
     cases = {
         "ties": torch.round(uniform * 200) / 200,
         # Skewed scores: most grid values crowd a few cells (the kernel's slow path).
         "crowded": torch.round(uniform**12 * 1e6) / 1e6 - 0.5,
-        "cosine-like": torch.randn(300, 500, generator=g, dtype=torch.float64) * 0.1,
-        "huge": torch.randn(300, 500, generator=g, dtype=torch.float64) * 1e6,
-        "tiny": torch.randn(300, 500, generator=g, dtype=torch.float64) * 1e-30,
+        "cosine-like": torch.randn(rows, cols, generator=g, dtype=torch.float64) * 0.1,
+        "huge": torch.randn(rows, cols, generator=g, dtype=torch.float64) * 1e6,
+        "tiny": torch.randn(rows, cols, generator=g, dtype=torch.float64) * 1e-30,
     }
     for name, base in cases.items():
         for dtype in (torch.float64, torch.float32):
             scores = base.to(dtype)
-            rel = torch.rand(300, 500, generator=g) < 0.05
-            rel[:, :40] |= torch.rand(300, 40, generator=g) < 0.8
-            rel[:20, :200] |= torch.rand(20, 200, generator=g) < 0.6  # > 64 own: searched
-            group = torch.randint(0, 3, (300,), generator=g)
+            rel = torch.rand(rows, cols, generator=g) < 0.05
+            rel[:, :40] |= torch.rand(rows, min(40, cols), generator=g) < 0.8
+            rel[:20, :200] |= torch.rand(20, min(200, cols), generator=g) < 0.6  # > 64 own
+            valid = torch.rand(rows, cols, generator=g) > 0.1  # ignored pairs: -inf
+            group = torch.randint(0, 3, (rows,), generator=g)
+            args = (scores, rel, valid, group, 3)
             monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1 << 40)
-            eager = state_from_scores(scores, rel, None, group, 3, bootstrap_budget=300 * 50)
+            eager = state_from_scores(*args, bootstrap_budget=rows * 50)
+            plain = state_from_scores(*args)
             monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1)
             monkeypatch.setenv("RL_GAP_NATIVE", "1")
-            fused = state_from_scores(scores, rel, None, group, 3, bootstrap_budget=300 * 50)
+            fused = state_from_scores(*args, bootstrap_budget=rows * 50)
+            fused_plain = state_from_scores(*args)  # no bootstrap: own counts on packed scores
             monkeypatch.delenv("RL_GAP_NATIVE")
-            assert torch.equal(eager.pos_neg_ge, fused.pos_neg_ge), (name, dtype)
-            assert torch.equal(eager.grid_neg_ge, fused.grid_neg_ge), (name, dtype)
-            assert torch.equal(eager.boot_neg_ge, fused.boot_neg_ge), (name, dtype)
+            for key in ("pos_neg_ge", "grid_neg_ge", "boot_neg_ge"):
+                assert torch.equal(getattr(eager, key), getattr(fused, key)), (name, dtype, key)
+            for key in ("pos_neg_ge", "grid_neg_ge"):
+                assert torch.equal(getattr(plain, key), getattr(fused_plain, key)), (name, dtype)
+
+
+def test_set_isa_refuses_unknown_paths():
+    from rl_gap.metrics.functional import native
+
+    if native.native_library() is None:
+        pytest.skip("no C++ toolchain")
+    with pytest.raises(ValueError, match="isa must be one of"):
+        native.set_isa("sse2")
+    assert native.set_isa(None) in native.ISA_LEVELS
 
 
 def test_relevance_function_equals_labels():
@@ -337,13 +367,11 @@ def test_relevance_function_equals_labels():
 
 @pytest.mark.parametrize("protocol", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_symmetric_native_equals_plain_eager(monkeypatch, dtype, protocol):
+def test_symmetric_native_equals_plain_eager(monkeypatch, dtype, protocol, kernel_isa):
     """Leave-one-out computes only the upper blocks (each pair once, counted for both
     queries, columns through the kernel's transposed path) == every block, eagerly."""
-    from rl_gap.metrics.functional import counting, native
+    from rl_gap.metrics.functional import counting
 
-    if native.native_library() is None:
-        pytest.skip("no C++ toolchain: the engine falls back to the eager path")
     x = _dyadic(203, 5, 3).to(dtype)
     # protocol=True: several query groups (class halves, distractors); False: one group
     # (no singleton class), where a mirrored score counts twice without a column lookup.
