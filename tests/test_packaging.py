@@ -94,6 +94,8 @@ def test_wheel_ships_recipes_and_cpp_sources(tmp_path):
         print(rl_gap.__file__)
         print(recipe_path("demo/mnist_gsap"))
         print(native._LIBRARY.source, native.native_library() is not None)
+        from rl_gap.losses.fast_sap import native as fast_native
+        print(fast_native._LIBRARY.source, fast_native.native_library() is not None)
         """
     )
     env = {**os.environ, "PYTHONPATH": str(site), "RL_GAP_CACHE": str(tmp_path / "cache")}
@@ -101,12 +103,13 @@ def test_wheel_ships_recipes_and_cpp_sources(tmp_path):
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    module, recipe, native = out.stdout.split("\n")[:3]
+    module, recipe, native, fast_native = out.stdout.split("\n")[:4]
     assert Path(module).is_relative_to(site)
     assert Path(recipe).is_relative_to(site) and not Path(recipe).is_symlink()
     assert Path(recipe).read_bytes() == (REPO / "recipes/demo/mnist_gsap.yaml").read_bytes()
-    source, built = native.split()
-    assert Path(source).is_relative_to(site) and Path(source).is_file() and built == "True"
+    for library in (native, fast_native):  # each built from the wheel's sources and headers
+        source, built = library.split()
+        assert Path(source).is_relative_to(site) and Path(source).is_file() and built == "True"
 
 
 # ------------------------------------------------------------- native cache

@@ -72,6 +72,7 @@ _LIBRARY = NativeLibrary(
     _declare,
     _flags,
     what="fast-rank library",
+    headers=[Path(__file__).with_name("native_drop.h")],
 )
 native_enabled = _LIBRARY.enabled
 native_library = _LIBRARY.load

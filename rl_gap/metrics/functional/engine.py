@@ -32,8 +32,10 @@ from rl_gap.metrics.functional.engine_inputs import (
     check_embeddings,
     check_labels,
     check_query_index,
+    check_rows,
     positive_pairs_from_labels,
     relevant_pairs_from_fn,
+    same_data,
 )
 from rl_gap.metrics.functional.sharding import Shard, merge_sum
 from rl_gap.metrics.functional.state import (
@@ -53,34 +55,6 @@ __all__ = [
     "relevant_pairs_from_fn",
     "check_query_index",
 ]
-
-
-def _same_data(a: Tensor, b: Tensor) -> bool:
-    """Whether two tensors view the very same elements (e.g. one numpy array passed twice)."""
-    return a is b or (
-        a.device == b.device
-        and a.dtype == b.dtype
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.data_ptr() == b.data_ptr()
-    )
-
-
-def _check_rows(rows, size: int, name: str) -> Tensor | None:
-    """Validated (N,) int64 CPU row indices into a tensor of ``size`` rows (or None)."""
-    if rows is None:
-        return None
-    rows = as_tensor(rows, name)
-    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
-        raise ValueError(
-            f"{name} must be a 1-D integer index, got {rows.dtype} {tuple(rows.shape)}"
-        )
-    rows = rows.long().cpu()
-    if rows.numel() == 0:
-        raise ValueError(f"{name} is empty")
-    if int(rows.min()) < 0 or int(rows.max()) >= size:
-        raise ValueError(f"{name} index out of range [0, {size})")
-    return rows
 
 
 def _blocks(size: int, step: int) -> list[tuple[int, int]]:
@@ -166,8 +140,8 @@ def _state_from_embeddings(
             f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"
         )
     same_rows = query_rows is database_rows
-    query_rows = _check_rows(query_rows, queries.shape[0], "query_rows")
-    database_rows = _check_rows(database_rows, database.shape[0], "database_rows")
+    query_rows = check_rows(query_rows, queries.shape[0], "query_rows")
+    database_rows = check_rows(database_rows, database.shape[0], "database_rows")
     num_q = queries.shape[0] if query_rows is None else query_rows.numel()
     num_d = database.shape[0] if database_rows is None else database_rows.numel()
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
@@ -247,7 +221,7 @@ def _state_from_embeddings(
         symmetric is not False
         and exclude_self
         and relevant_pairs is None
-        and _same_data(database, queries)
+        and same_data(database, queries)
         and same_rows
         and q_shift is None
         and rows_step == cols_step

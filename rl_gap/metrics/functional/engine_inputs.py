@@ -15,8 +15,10 @@ __all__ = [
     "check_embeddings",
     "check_labels",
     "check_query_index",
+    "check_rows",
     "positive_pairs_from_labels",
     "relevant_pairs_from_fn",
+    "same_data",
 ]
 
 
@@ -149,3 +151,31 @@ def relevant_pairs_from_fn(
             q_parts.append(i + r0)
             d_parts.append(j + c0)
     return torch.cat(q_parts), torch.cat(d_parts)
+
+
+def same_data(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors view the very same elements (e.g. one numpy array passed twice)."""
+    return a is b or (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+    )
+
+
+def check_rows(rows, size: int, name: str) -> Tensor | None:
+    """Validated (N,) int64 CPU row indices into a tensor of ``size`` rows (or None)."""
+    if rows is None:
+        return None
+    rows = as_tensor(rows, name)
+    if rows.ndim != 1 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
+        raise ValueError(
+            f"{name} must be a 1-D integer index, got {rows.dtype} {tuple(rows.shape)}"
+        )
+    rows = rows.long().cpu()
+    if rows.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if int(rows.min()) < 0 or int(rows.max()) >= size:
+        raise ValueError(f"{name} index out of range [0, {size})")
+    return rows
