@@ -13,6 +13,7 @@ smooth one and a tie-heavy one (cosines rounded to multiples of 1/8, with
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ import torch.multiprocessing as mp
 from rl_gap.losses import available_losses, build_loss
 from rl_gap.losses.common import drop_lowest_negatives
 from rl_gap.losses.fast_sap import binning as fast_binning
+from rl_gap.losses.fast_sap.grid import plan_grid
+from rl_gap.losses.sharding import gsap as sharded_gsap
 from rl_gap.losses.sharding.dispatch import supports_sharding
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 
@@ -117,6 +120,10 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 results[(kind, key)] = loss_values(
                     name, kwargs, sim[rows], rel[rows], valid[rows], sharded=True
                 )
+        sim, rel, valid = make_matrix("smooth")
+        work, positive, ok = sim[rows].reshape(-1), rel[rows].reshape(-1), valid[rows].reshape(-1)
+        stats = sharded_gsap._global_stats(work, ok, work[positive & ok])
+        results["plan"] = (stats, asdict(sharded_gsap._global_plan(stats, 0.05, 1e-4, work.dtype)))
         drops = {}
         for native in (True, False):  # the library's passes, and the torch ops (CUDA's path)
             fast_binning.USE_NATIVE = native
@@ -176,6 +183,18 @@ def _check(per_rank: list[dict], world: int) -> None:
                 torch.testing.assert_close(total, ref, rtol=0, atol=1e-10, msg=(kind, key, pname))
             checked.add(name)
     assert checked == set(available_losses())
+    # The fast kernel's plan is the one-process plan of the concatenated list.
+    sim, rel, valid = make_matrix("smooth")
+    work, positive, ok = sim.reshape(-1), rel.reshape(-1), valid.reshape(-1)
+    pos = work[positive & ok]
+    reference = plan_grid(
+        float(work.min()), float(work.max()), float(pos.min()), float(pos.max()), work.numel(),
+        0.05, 1e-4, work.dtype, cache_tables=fast_binning.native_applicable(work, ok),
+    )  # fmt: skip
+    for r in per_rank:
+        stats, plan = r["results"]["plan"]
+        assert (stats["num_items"], stats["num_pos"]) == (work.numel(), pos.numel())
+        assert plan == asdict(reference)
     assert {native for _, _, native in per_rank[0]["drops"]} == {True, False}
     for (key, rate, native), _ in per_rank[0]["drops"].items():
         scores, positive, valid = drop_lists()[key]

@@ -48,36 +48,51 @@ from rl_gap.losses.sharding.drop import sharded_drop_mask
 from rl_gap.losses.smoothed_ap import auto_chunk_size
 
 
-def _global_plan(work, valid, pos_scores, temperature, tolerance) -> GridPlan:
-    """The plan one process would make for the concatenated list."""
+def _global_stats(work, valid, pos_scores) -> dict:
+    """What the one-process plan reads off the concatenated list, in one collective.
+
+    Every rank's score ranges, item and positive counts and native-cache flag are
+    all-gathered (7 values per rank) and reduced here: min/max for the ranges, sums
+    for the counts (exact in float64 below 2^53), all() for the flag.
+    """
     inf = math.inf
     lo_all, hi_all = (float(v) for v in torch.aminmax(work)) if work.numel() else (inf, -inf)
     lo_pos, hi_pos = (
         (float(v) for v in torch.aminmax(pos_scores)) if pos_scores.numel() else (inf, -inf)
     )
     cache = fast_binning.native_applicable(work, valid)
-    stats = torch.tensor(
-        [-lo_all, hi_all, -lo_pos, hi_pos, -float(cache)], dtype=torch.float64, device=work.device
+    local = torch.tensor(
+        [lo_all, hi_all, lo_pos, hi_pos, work.numel(), pos_scores.numel(), float(cache)],
+        dtype=torch.float64,
+        device=work.device,
     )
-    stats = shard_comm.all_reduce(stats, "max")
-    lo_all, hi_all, lo_pos, hi_pos = (
-        -float(stats[0]),
-        float(stats[1]),
-        -float(stats[2]),
-        float(stats[3]),
+    _, world = shard_comm.require_group()
+    rows = shard_comm.all_gather_ragged(local[None], [1] * world).cpu()
+    return dict(
+        lo_all=float(rows[:, 0].min()),
+        hi_all=float(rows[:, 1].max()),
+        lo_pos=float(rows[:, 2].min()),
+        hi_pos=float(rows[:, 3].max()),
+        num_items=int(rows[:, 4].sum()),
+        num_pos=int(rows[:, 5].sum()),
+        cache=bool((rows[:, 6] > 0.5).all()),
     )
-    if not (math.isfinite(lo_all) and math.isfinite(hi_all)):
+
+
+def _global_plan(stats: dict, temperature, tolerance, dtype) -> GridPlan:
+    """The plan one process would make for the concatenated list."""
+    if not (math.isfinite(stats["lo_all"]) and math.isfinite(stats["hi_all"])):
         raise ValueError("smoothed_ap_fast: scores contain NaN or infinite values")
     return plan_grid(
-        lo_all,
-        hi_all,
-        lo_pos,
-        hi_pos,
-        shard_comm.global_count(work.numel(), work.device),
+        stats["lo_all"],
+        stats["hi_all"],
+        stats["lo_pos"],
+        stats["hi_pos"],
+        stats["num_items"],
         temperature,
         tolerance,
-        work.dtype,
-        cache_tables=bool(-float(stats[4]) > 0.5),
+        dtype,
+        cache_tables=stats["cache"],
     )
 
 
@@ -104,11 +119,12 @@ class _ShardedSmoothedAPFast(torch.autograd.Function):
         if neg_drop > 0:
             valid = sharded_drop_mask(work, positive, valid, neg_drop)
         pos_index = _positive_indices(positive, valid)
-        num_pos = shard_comm.global_count(pos_index.numel(), work.device)
+        pos_scores = work[pos_index].to(torch.float64)
+        stats = _global_stats(work, valid, pos_scores)
+        num_pos = stats["num_pos"]
         if num_pos == 0:
             raise ValueError("smoothed AP needs at least one (valid) positive item")
-        pos_scores = work[pos_index].to(torch.float64)
-        plan = _global_plan(work, valid, pos_scores, temperature, tolerance)
+        plan = _global_plan(stats, temperature, tolerance, work.dtype)
         rank_all, rank_pos, deriv_all, deriv_pos, cell, offset = _forward_sums(
             work, valid, pos_scores, plan
         )
