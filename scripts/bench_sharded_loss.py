@@ -23,6 +23,10 @@ Figures per rank (the table shows the largest over ranks):
   on the wire), and separately the embedding gather (B/W × d × 4 bytes
   forward, the B × d × 4-byte gradient all-reduce backward).
 
+``--collective-times`` also prints, for W > 1, every collective of one step on
+rank 0 in order (median over the timed steps): where the per-step time that does
+not shrink with W goes.
+
 With W = 4 on a machine with fewer than 4 cores the processes share cores:
 per-rank times then include waiting for a core (the script says so).
 
@@ -68,6 +72,37 @@ def _measured(step):
     return seconds, (_rss_kib("VmHWM:") - base) * 1024
 
 
+class CollectiveClock:
+    """Wall time of every all-reduce / all-gather while ``on`` (module-level patch of
+    ``torch.distributed``, which ``rl_gap.dist`` and the sharding comm both call)."""
+
+    def __init__(self, torch_dist) -> None:
+        self.on, self.steps = False, []
+        for name in ("all_reduce", "all_gather"):
+            setattr(torch_dist, name, self._timed(getattr(torch_dist, name), name))
+
+    def _timed(self, fn, name):
+        def timed(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.steps[-1].append((name, time.perf_counter() - start))
+            return out
+
+        return timed
+
+    def start_step(self) -> None:
+        self.steps.append([])
+
+    def medians(self) -> list[tuple[str, float]]:
+        """Per position in the step: the collective and its median seconds over the steps."""
+        return [
+            (calls[0][0], statistics.median(seconds for _, seconds in calls))
+            for calls in zip(*self.steps)
+        ]
+
+
 def _loss_step(path, loss_fn, emb, labels, local_labels, start, batch):
     """One loss step from this rank's embeddings ``emb`` (see the module docstring)."""
     import torch
@@ -101,6 +136,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> 
     from rl_gap.losses.sharding import comm as shard_comm
 
     torch.set_num_threads(1)
+    clock = CollectiveClock(torch_dist) if args["collective_times"] else None
     torch_dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
     )
@@ -122,10 +158,17 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> 
                     _loss_step, path, loss_fn, emb, labels, local_labels, start, batch
                 )
                 times, peaks = [], []
+                if clock is not None:
+                    clock.steps = []
                 with shard_comm.counting() as counter:
                     for rep in range(args["reps"] + 1):
                         torch_dist.barrier()
+                        if clock is not None and rep > 0:
+                            clock.on = True
+                            clock.start_step()
                         seconds, peak = _measured(step)
+                        if clock is not None:
+                            clock.on = False
                         if rep == 0:  # the warmup: one-time caches (grid plans, FFT tables)
                             sent, calls = counter.bytes_sent, counter.calls
                         else:
@@ -144,6 +187,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> 
                         sent=sent if path == "sharded" else 0,
                         calls=calls if path == "sharded" else 0,
                         gather=gather_bytes,
+                        collectives=clock.medians() if clock is not None else None,
                     )
                 )
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
@@ -169,6 +213,11 @@ def main() -> None:
     parser.add_argument("--neg-drop", type=float, nargs="+", default=[0.0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--collective-times",
+        action="store_true",
+        help="also time every collective of the step (rank 0, median over the steps, in order)",
+    )
     opts = parser.parse_args()
 
     import torch
@@ -199,7 +248,12 @@ def main() -> None:
                     "at this W include waiting for a core (memory and bytes are unaffected)"
                 )
             with tempfile.TemporaryDirectory() as tmp:
-                args = dict(batch=batch, losses=losses, reps=opts.reps)
+                args = dict(
+                    batch=batch,
+                    losses=losses,
+                    reps=opts.reps,
+                    collective_times=opts.collective_times,
+                )
                 mp.spawn(_worker, args=(world, f"{tmp}/init", tmp, args), nprocs=world, join=True)
                 per_rank = [
                     json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)
@@ -218,6 +272,7 @@ def main() -> None:
                         sent=max(r["sent"] for r in same),
                         calls=first["calls"],
                         gather=max(r["gather"] for r in same),
+                        collectives=first["collectives"],
                     )
                 )
             sys.stdout.flush()
@@ -246,6 +301,20 @@ def main() -> None:
             f"{row['time'] / ref['time']:>7.2f} {row['peak'] / max(ref['peak'], 1):>7.2f}"
         )
     print("x time, x peak: sharded / replicated at the same B, W (per rank, worst rank)")
+    if opts.collective_times:
+        print("\ncollectives of one step on rank 0, in order, median ms (g = all-gather):")
+        for row in rows:
+            if row["world"] > 1 and row["collectives"]:
+                label = f"{row['batch']:>5} {row['world']:>2} {row['path']:<10} " + " ".join(
+                    f"{k}={v}" for k, v in row["kwargs"].items() if k == "neg_drop"
+                )
+                times = " ".join(
+                    f"{'g' if name == 'all_gather' else ''}{1e3 * seconds:.2f}"
+                    for name, seconds in row["collectives"]
+                )
+                print(
+                    f"{label:<32} {times}  (sum {1e3 * sum(t for _, t in row['collectives']):.1f})"
+                )
     if opts.json:
         opts.json.write_text(json.dumps(rows, indent=1))
 
