@@ -19,16 +19,15 @@ digit, the 2048-bin histograms are all-reduced, and every rank keeps the
 candidates in the bin holding the k-th item (the first pass keys the local
 list in chunks, so no full-size key array exists). float32 keys take 3
 passes, float64 keys 6.
-Communication: 16 KiB per pass, plus one all-gather of each rank's tie count
-to resolve r in flat order.
+Communication: 16 KiB per pass, plus, when the ties at v are not all dropped,
+one all-gather of each rank's tie count to resolve r in flat order.
 
 On CPU float32/float64 scores the passes run in the fast-gSAP library
 (``fast_sap.native``: the single-process select's own histogram and marking
 passes, 16-bit digits, two passes for float32): each pass is one native scan of
 the local list, and its 2^16-bin histogram is all-reduced. The first one in
 int64 (512 KiB): its sum is the global number of negatives, so no separate count
-is needed; later ones in int32 while that number fits (256 KiB). The tie counts
-are gathered only when the ties at v are not all dropped.
+is needed; later ones in int32 while that number fits (256 KiB).
 """
 
 from __future__ import annotations
@@ -111,7 +110,7 @@ def _first_digit(scores: torch.Tensor, negative: torch.Tensor, k: int):
     return chosen << shift, remaining, candidates, shift
 
 
-def select_kth(scores: torch.Tensor, negative: torch.Tensor, k: int) -> tuple[float, int]:
+def select_kth(scores: torch.Tensor, negative: torch.Tensor, k: int) -> tuple[float, int, int]:
     """The global k-th smallest negative score (1-based) and its rank among the ties at it.
 
     Args:
@@ -119,7 +118,7 @@ def select_kth(scores: torch.Tensor, negative: torch.Tensor, k: int) -> tuple[fl
         k: 1 <= k <= global number of negatives.
 
     Returns:
-        (v, r = k − #{negatives < v}, in [1, #{negatives = v}]).
+        (v, r = k − #{negatives < v}, in [1, #{negatives = v}], #{negatives = v}).
     """
     prefix, remaining, candidates, shift = _first_digit(scores, negative, k)
     while shift > 0:
@@ -130,7 +129,19 @@ def select_kth(scores: torch.Tensor, negative: torch.Tensor, k: int) -> tuple[fl
         chosen, remaining = _choose(hist, remaining)
         candidates = candidates[digit == chosen]
         prefix |= chosen << shift
-    return _key_to_score(prefix, scores.dtype), remaining
+    # The last digit completes the key: its bin counts every rank's negatives at v.
+    return _key_to_score(prefix, scores.dtype), remaining, int(hist[chosen])
+
+
+def _ties_dropped_here(local_ties: int, global_ties: int, remaining: int, device) -> int:
+    """How many of this rank's ties at v are dropped: the global first ``remaining`` in flat
+    order, of which earlier ranks hold the earliest (their counts are all-gathered only
+    when the ties are not all dropped, which distinct scores never need)."""
+    if remaining == global_ties:
+        return local_ties
+    counts = shard_comm.all_gather_sizes(local_ties, device)
+    rank, _ = shard_comm.require_group()
+    return min(max(remaining - sum(counts[:rank]), 0), local_ties)
 
 
 @torch.no_grad()
@@ -166,14 +177,11 @@ def sharded_drop_mask(
     k = int(num_dropped(shard_comm.global_count(local_neg, scores.device), rate))
     if k == 0:
         return base
-    cut, ties_to_drop = select_kth(work, negative, k)
+    cut, remaining, global_ties = select_kth(work, negative, k)
     # Float comparisons give the key order's sets: −0.0 == +0.0 here too.
     keep = base & ~(negative & (work < cut))
     tied = (negative & (work == cut)).nonzero().squeeze(1)  # ascending local flat positions
-    counts = shard_comm.all_gather_sizes(tied.numel(), scores.device)
-    rank, _ = shard_comm.require_group()
-    before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
-    keep[tied[: min(max(ties_to_drop - before, 0), tied.numel())]] = False
+    keep[tied[: _ties_dropped_here(tied.numel(), global_ties, remaining, scores.device)]] = False
     return keep
 
 
@@ -201,14 +209,8 @@ def _native_drop_mask(
         chosen, remaining = _pick(hist, remaining)
         prefix = (prefix << bits) | chosen
     # The last digit completes the key: this rank's and every rank's ties at v.
-    local_ties, global_ties = int(local[chosen]), int(hist[chosen])
-    if remaining == global_ties:  # every tie is dropped (always so for distinct scores)
-        drop_here = local_ties
-    else:
-        counts = shard_comm.all_gather_sizes(local_ties, scores.device)
-        rank, _ = shard_comm.require_group()
-        before = sum(counts[:rank])  # ties at v held by earlier ranks: earlier in flat order
-        drop_here = min(max(remaining - before, 0), local_ties)
+    local_ties = int(local[chosen])
+    drop_here = _ties_dropped_here(local_ties, int(hist[chosen]), remaining, scores.device)
     keep, tied = fast_native.drop_mark(scores, positive, valid, prefix, drop_here)
     if tied != local_ties:
         raise RuntimeError(
