@@ -4,7 +4,8 @@ A helper is one ``.cpp`` file with a plain C ABI (no torch headers), so it
 compiles with the system compiler in about a second (torch's ``load_inline``
 takes ~50 s here). The shared library is cached under ``$RL_GAP_CACHE``, else
 ``$XDG_CACHE_HOME/rl_gap``, else ``~/.cache/rl_gap``, named by a hash of its
-source and flags, so an edited source or another compiler builds afresh. One
+source, the local headers it includes (``#include "name.h"``, found next to it)
+and its flags, so an edited source or header, or another compiler, builds afresh. One
 process per machine compiles it: the build holds an exclusive ``fcntl`` lock on
 ``<library>.lock`` and renames the finished file into place, so concurrent
 processes (DDP ranks, pytest workers) wait for that build and load its result. Built with ``-fopenmp``, it
@@ -22,6 +23,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -48,6 +50,24 @@ def cache_dir() -> Path:
     return base / "rl_gap"
 
 
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def local_includes(source: Path) -> list[Path]:
+    """``source`` and the files it includes with quotes, transitively (paths relative to
+    the including file, as the compiler looks first), each once, in first-seen order."""
+    seen: list[Path] = []
+    pending = [Path(source)]
+    while pending:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        seen.append(path)
+        for name in _LOCAL_INCLUDE.findall(path.read_bytes()):
+            pending.append(path.parent / name.decode())
+    return seen
+
+
 class NativeLibrary:
     """One helper: its source, build flags and ctypes declarations.
 
@@ -57,8 +77,6 @@ class NativeLibrary:
         declare: sets ``argtypes``/``restype`` of the exported functions.
         flags: compiler flags, or a callable returning them at build time.
         what: name used in warnings and errors.
-        headers: files the source includes; they are hashed with it, so an edited
-            header builds afresh.
     """
 
     def __init__(
@@ -68,10 +86,8 @@ class NativeLibrary:
         declare: Callable[[ctypes.CDLL], None],
         flags: Sequence[str] | Callable[[], Sequence[str]] = BASE_FLAGS,
         what: str = "native helper",
-        headers: Sequence[Path] = (),
     ) -> None:
         self.source, self.stem, self.declare = Path(source), stem, declare
-        self.headers = tuple(Path(h) for h in headers)
         self.flags, self.what = flags, what
         self._lock = threading.Lock()
         self._library: ctypes.CDLL | None = None
@@ -107,7 +123,7 @@ class NativeLibrary:
 
     def _build(self, compiler: str) -> Path:
         flags = list(self.flags() if callable(self.flags) else self.flags)
-        source = b"".join(path.read_bytes() for path in (self.source, *self.headers))
+        source = b"".join(path.read_bytes() for path in local_includes(self.source))
         key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
         target = cache_dir() / f"{self.stem}_{key}.so"
         if target.exists():

@@ -189,8 +189,9 @@ def test_native_1_makes_every_failed_build_an_error(monkeypatch, tmp_path):
 
 
 def test_edited_header_builds_afresh(monkeypatch, tmp_path):
-    """A helper's included headers are part of its build key: editing one builds a new
-    library that returns the new value, not the cached one."""
+    """A helper's local headers (found from its ``#include "..."`` lines) are part of its
+    build key: editing one builds a new library that returns the new value, not the cached
+    one."""
     import ctypes
 
     source, header = tmp_path / "probe.cpp", tmp_path / "probe_value.h"
@@ -202,7 +203,7 @@ def test_edited_header_builds_afresh(monkeypatch, tmp_path):
 
     def probe() -> int:
         lib = native_build.NativeLibrary(
-            source, "rl_gap_probe", declare, flags=("-O0", "-shared", "-fPIC"), headers=[header]
+            source, "rl_gap_probe", declare, flags=("-O0", "-shared", "-fPIC")
         )
         return lib.load().rl_gap_probe()
 

@@ -72,7 +72,6 @@ _LIBRARY = NativeLibrary(
     _declare,
     _flags,
     what="fast-rank library",
-    headers=[Path(__file__).with_name("native_drop.h")],
 )
 native_enabled = _LIBRARY.enabled
 native_library = _LIBRARY.load
@@ -191,17 +190,9 @@ def drop_mask(
     Returns:
         (M,) bool keep mask (``valid`` itself, or all True, when nothing is dropped).
     """
-    if (
-        scores.device.type != "cpu"
-        or scores.dtype not in (torch.float32, torch.float64)
-        or not scores.is_contiguous()
-        or not positive.is_contiguous()
-        or (valid is not None and not valid.is_contiguous())
-    ):
+    if not drop_passes_usable(scores, positive, valid):
         return None
     lib = native_library()
-    if lib is None:
-        return None
     keep = torch.empty_like(positive)
     suffix = "f32" if scores.dtype == torch.float32 else "f64"
     dropped = getattr(lib, f"rl_gap_fast_drop_{suffix}")(
@@ -211,8 +202,7 @@ def drop_mask(
         scores.numel(),
         float(rate),
         keep.data_ptr(),
-        # Memory-bound passes; each thread zeroes and merges a 512 KB histogram per pass.
-        max(1, min(torch.get_num_threads(), DROP_MAX_THREADS)),
+        _drop_threads(),
     )
     if dropped == 0:
         return torch.ones_like(positive) if valid is None else valid
@@ -248,6 +238,7 @@ def _drop_pass(name: str, scores: torch.Tensor, positive: torch.Tensor, valid):
 
 
 def _drop_threads() -> int:
+    # Memory-bound passes; each thread zeroes and merges a 512 KB histogram per pass.
     return max(1, min(torch.get_num_threads(), DROP_MAX_THREADS))
 
 

@@ -42,7 +42,6 @@ def _declare(lib: ctypes.CDLL) -> None:
 _LIBRARY = NativeLibrary(
     Path(__file__).with_name("native_count.cpp"), "rl_gap_count", _declare,
     what="native counting kernel",
-    headers=[Path(__file__).with_name("native_count_simd.h")],
 )  # fmt: skip
 native_enabled = _LIBRARY.enabled
 native_library = _LIBRARY.load
