@@ -14,12 +14,22 @@ import sys
 from rl_gap.commands import COMMANDS
 
 
-def _run_command(name: str, argv: list[str]) -> int:
+def _run_command(name: str, argv: list[str], one_line_errors: bool = False) -> int:
+    """Run a plain sub-command; with ``one_line_errors`` (the console command) a bad input
+    (ValueError, OSError: a missing or damaged file, a bad option value, a full disk) is
+    one line on stderr and exit status 2, as argparse and ``rl-gap fit`` report them."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"rl-gap {name}", description=help_text)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(argv)) or 0)
+    args = parser.parse_args(argv)
+    if not one_line_errors:
+        return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, OSError) as err:
+        print(f"rl-gap {name}: error: {err}", file=sys.stderr)
+        return 2
 
 
 TRAINING_COMMANDS = {
@@ -46,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0 if words else 2
     if words[0] in COMMANDS:
-        return _run_command(words[0], words[1:])
+        # main(argv) from Python raises; the console command prints input errors in one line
+        return _run_command(words[0], words[1:], one_line_errors=argv is None)
     if not words[0].startswith("-") and words[0] not in TRAINING_COMMANDS:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)

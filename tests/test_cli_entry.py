@@ -1,7 +1,9 @@
 """The ``rl-gap`` dispatcher: top-level help lists every command; each sub-command loads."""
 
 import importlib
+import sys
 
+import numpy as np
 import pytest
 
 from rl_gap.cli import TRAINING_COMMANDS, main
@@ -32,3 +34,32 @@ def test_command_help_exits_cleanly(name, capsys):
         main([name, "--help"])
     assert exit_info.value.code == 0
     assert f"rl-gap {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["evaluate", "--queries", "{tmp}/missing.npy", "--query-labels", "{tmp}/l.npy"],
+         "missing file"),
+        (["evaluate", "--queries", "{tmp}/e.npy", "--query-labels", "{tmp}/nan.npy"],
+         "query labels must be integer class ids, got nan"),
+        (["extrapolate", "--queries", "{tmp}/e.npy", "--positives", "{tmp}/e.npy",
+          "--distractors", "{tmp}/e.npy", "--gallery-size", "100", "--k", "0"],
+         "--k must be >= 1"),
+    ],
+)  # fmt: skip
+def test_console_input_errors_are_one_line_with_exit_2(tmp_path, monkeypatch, capsys, words,
+                                                       message):  # fmt: skip
+    """The console command (main() reading sys.argv) reports a bad input as fit does: one
+    line on stderr, exit status 2, no traceback; main(argv) from Python still raises."""
+    np.save(tmp_path / "e.npy", np.eye(4, dtype=np.float32))
+    np.save(tmp_path / "l.npy", np.array([0, 0, 1, 1]))
+    np.save(tmp_path / "nan.npy", np.array([0.0, 0.0, 1.0, np.nan]))
+    argv = [w.format(tmp=tmp_path) for w in words]
+    monkeypatch.setattr(sys, "argv", ["rl-gap", *argv])
+    assert main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"rl-gap {argv[0]}: error: ") and message in err[-1]
+    assert not any("Traceback" in line for line in err)
+    with pytest.raises((ValueError, OSError), match=message.replace("(", r"\(")):
+        main(argv)

@@ -16,8 +16,12 @@ Example::
     rl-gap evaluate --queries all.npy --query-labels labels.npy   # leave-one-out
 
 Without ``--database`` the queries are the database and evaluation is
-leave-one-out (self pairs excluded; said on stderr). Labels compare as numbers
-when both sides are numbers (``1.0`` equals ``1``), else as exact class names.
+leave-one-out (self pairs excluded; said on stderr). A ``--database`` holding the
+query embeddings (same file, or equal shape, dtype and values) is refused unless
+``--exclude-self`` (leave-one-out) or ``--include-self`` (self pairs count) says
+which is meant. Labels compare as numbers when both sides are numbers (``1.0``
+equals ``1``; integer ids exactly, as int64), else as exact class names
+(``rl_gap.commands.labels``). ``--output`` is replaced atomically.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl_gap.commands.npy_io import load_npy
+from rl_gap.commands.atomic_output import write_text_atomic
+from rl_gap.commands.labels import encode_labels, load_labels
+from rl_gap.commands.npy_io import load_npy, load_pt
 
 _LAYOUT = (
     "expected .npy (N, dim) / .pt tensor or {'embeddings', 'labels'} dict for embeddings; "
@@ -45,11 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", help="database embeddings; default: the queries")
     parser.add_argument("--query-labels", help="query labels (.npy/.pt/.txt/.csv)")
     parser.add_argument("--database-labels", help="database labels; default: query labels")
-    parser.add_argument(
+    self_pairs = parser.add_mutually_exclusive_group()
+    self_pairs.add_argument(
         "--exclude-self",
         action="store_true",
         help="leave-one-out: queries are the database (the default without --database; with "
-        "--database, only when it is the --queries file)",
+        "--database, only when it holds the --queries embeddings)",
+    )
+    self_pairs.add_argument(
+        "--include-self",
+        action="store_true",
+        help="queries are the database and each query's own item counts as a retrieved "
+        "positive (without it, a --database identical to --queries is refused)",
     )
     parser.add_argument("--block-size", type=int, default=2048, help="GEMM block rows/columns")
     parser.add_argument("--device", default="cpu", help="scoring device, e.g. cpu or cuda:0")
@@ -78,11 +91,28 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _load_pt(path: Path):
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except RuntimeError:  # not a zip-format checkpoint: no mmap
-        return torch.load(path, map_location="cpu", weights_only=True)
+def _rows(x: np.ndarray | torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    return (
+        x[start:stop] if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x[start:stop]))
+    )
+
+
+def same_embeddings(
+    a_path: str, b_path: str, a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor
+) -> bool:
+    """True when two inputs hold the same embeddings: one file, or equal shape, dtype
+    and values (compared block by block; a first, middle and last row probe stops the
+    usual mismatch after three rows)."""
+    if _same_file(a_path, b_path):
+        return True
+    if tuple(a.shape) != tuple(b.shape) or str(a.dtype) != str(b.dtype) or a.ndim != 2:
+        return False
+    n = a.shape[0]
+    for i in {0, n // 2, n - 1} if n else ():
+        if not torch.equal(_rows(a, i, i + 1), _rows(b, i, i + 1)):
+            return False
+    step = max(1, (16 << 20) // max(1, a.shape[1] * a.dtype.itemsize))  # ~16 MiB blocks
+    return all(torch.equal(_rows(a, i, i + step), _rows(b, i, i + step)) for i in range(0, n, step))
 
 
 def load_embeddings(path: str) -> tuple[np.ndarray | torch.Tensor, object | None]:
@@ -91,7 +121,7 @@ def load_embeddings(path: str) -> tuple[np.ndarray | torch.Tensor, object | None
     if p.suffix == ".npy":
         return load_npy(p), None
     if p.suffix == ".pt":
-        obj = _load_pt(p)
+        obj = load_pt(p)
         if isinstance(obj, dict):
             if "embeddings" not in obj:
                 raise ValueError(f"{p}: dict without an 'embeddings' entry; {_LAYOUT}")
@@ -100,128 +130,6 @@ def load_embeddings(path: str) -> tuple[np.ndarray | torch.Tensor, object | None
             return obj, None
         raise ValueError(f"{p}: holds {type(obj).__name__}; {_LAYOUT}")
     raise ValueError(f"{p}: unknown embeddings format {p.suffix!r}; {_LAYOUT}")
-
-
-def load_labels(path: str) -> np.ndarray:
-    """Labels as a 1-D array (integers, or strings from text files)."""
-    p = _require(path)
-    if p.suffix == ".npy":
-        return load_npy(p, mmap=False)
-    if p.suffix == ".pt":
-        obj = _load_pt(p)
-        if isinstance(obj, dict):
-            obj = obj.get("labels")
-        if not isinstance(obj, torch.Tensor):
-            raise ValueError(f"{p}: no label tensor; {_LAYOUT}")
-        return obj.numpy()
-    if p.suffix in (".txt", ".csv"):
-        rows = [line.strip() for line in p.read_text(encoding="utf-8-sig").splitlines()]
-        return _label_column(p, [[f.strip() for f in row.split(",")] for row in rows if row])
-    raise ValueError(f"{p}: unknown label format {p.suffix!r}; {_LAYOUT}")
-
-
-_LABEL_HEADERS = ("label", "labels", "class", "class_id", "target")
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _label_column(path: Path, rows: list[list[str]]) -> np.ndarray:
-    """One label per row of a text/CSV file, its header row (if any) recognised and dropped.
-
-    A first row naming a column ``label``/``class``/``class_id``/``target`` is a header and
-    that column holds the labels; a non-numeric first field above rows that are all numbers
-    is a header too (a header would otherwise be one more label, shifting every row by one).
-    """
-    if not rows:
-        raise ValueError(f"{path}: holds no labels")
-    column, body = 0, rows
-    names = [name.lower() for name in rows[0]]
-    named = [i for i, name in enumerate(names) if name in _LABEL_HEADERS]
-    if named:
-        column, body = named[0], rows[1:]
-    elif not _is_number(rows[0][0]) and len(rows) > 1 and all(_is_number(r[0]) for r in rows[1:]):
-        body = rows[1:]
-    short = [i for i, row in enumerate(body) if len(row) <= column]
-    if short:
-        raise ValueError(f"{path}: row {short[0] + 1 + (body is not rows)} has no column {column}")
-    if not body:
-        raise ValueError(f"{path}: holds a header but no labels")
-    return np.asarray([row[column] for row in body])
-
-
-def _as_numbers(labels: np.ndarray) -> np.ndarray | None:
-    """Numeric view of labels: numeric arrays as they are, text when every entry is a
-    number ("1", "1.0"); None for text that is not all numbers (class names)."""
-    if labels.dtype.kind in "iub":
-        return labels.astype(np.int64)
-    if labels.dtype.kind == "f":
-        return labels
-    try:
-        values = np.asarray([float(v) for v in labels.astype(str)], dtype=np.float64)
-    except ValueError:
-        return None
-    # "01" and "1" (or "1" and "1.0") in one file would become one class: refuse.
-    text = labels.astype(str)
-    for value in np.unique(values):
-        spellings = np.unique(text[values == value])
-        if len(spellings) > 1:
-            raise ValueError(
-                f"labels {list(spellings)} are the same number but different text: "
-                "write each class one way"
-            )
-    return values
-
-
-def _integer_codes(values: np.ndarray, name: str) -> np.ndarray:
-    if values.dtype.kind == "f":
-        if not np.isfinite(values).all() or not np.all(values == np.round(values)):
-            bad = values[~np.isfinite(values) | (values != np.round(values))][0]
-            raise ValueError(f"{name} must be integer class ids, got {bad} (never truncated)")
-        return values.astype(np.int64)
-    return values.astype(np.int64)
-
-
-def _encode(query_labels: np.ndarray, database_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Shared integer codes for both label arrays.
-
-    Numbers compare as numbers whatever their storage (``1.0`` from a float array or
-    a text file equals ``1``); text that is not all numbers compares as exact class
-    names. Mixing names on one side with numbers on the other is refused, and so is
-    a query set that shares no label with the database (every metric would be NaN).
-    """
-    if query_labels.ndim != 1 or database_labels.ndim != 1:
-        raise ValueError(
-            f"labels must be 1-D, got shapes {query_labels.shape} and {database_labels.shape}"
-        )
-    for side, labels in (("query", query_labels), ("database", database_labels)):
-        if len(labels) == 0:
-            raise ValueError(f"the {side} set is empty (0 labels)")
-    q_num, d_num = _as_numbers(query_labels), _as_numbers(database_labels)
-    if q_num is not None and d_num is not None:
-        q_codes = _integer_codes(q_num, "query labels")
-        d_codes = _integer_codes(d_num, "database labels")
-    elif q_num is None and d_num is None:
-        both = np.concatenate([query_labels.astype(str), database_labels.astype(str)])
-        _, codes = np.unique(both, return_inverse=True)
-        q_codes, d_codes = codes[: len(query_labels)], codes[len(query_labels) :]
-    else:
-        names, numbers = ("query", "database") if q_num is None else ("database", "query")
-        raise ValueError(
-            f"{names} labels are class names but {numbers} labels are numbers: "
-            "give both in one form"
-        )
-    if not np.isin(q_codes, d_codes).any():
-        raise ValueError(
-            "no query label occurs among the database labels: every metric would be NaN "
-            "(check that both label files use the same class ids)"
-        )
-    return q_codes, d_codes
 
 
 def format_table(metrics: dict[str, float]) -> str:
@@ -239,6 +147,60 @@ def format_table(metrics: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _labels(args: argparse.Namespace, queries, database, q_pt_labels, d_pt_labels):
+    """Query and database labels (files, ``.pt`` entries, or the queries' own), encoded."""
+    if args.query_labels:
+        query_labels = load_labels(args.query_labels, queries.shape[0])
+    elif q_pt_labels is not None:
+        query_labels = np.asarray(q_pt_labels)
+    else:
+        raise ValueError("query labels are needed: --query-labels or a 'labels' entry in the .pt")
+    if args.database_labels:
+        database_labels = load_labels(args.database_labels, database.shape[0])
+    elif d_pt_labels is not None:
+        database_labels = np.asarray(d_pt_labels)
+    elif args.database is None:
+        database_labels = query_labels
+    else:
+        raise ValueError("database labels are needed: --database-labels")
+    return encode_labels(query_labels, database_labels)
+
+
+def exclude_self_pairs(args: argparse.Namespace, queries, database) -> bool:
+    """Whether pair (i, i) is dropped: leave-one-out when the queries are the database,
+    unless ``--include-self``; a database holding the query embeddings needs one of
+    ``--exclude-self`` / ``--include-self`` (self pairs would inflate every metric)."""
+    if args.database is None:
+        if not (args.exclude_self or args.include_self):
+            # Each query would retrieve itself first (R@1 = 1): rank it against the others.
+            print(
+                "no --database: leave-one-out, each query ranked against the other queries "
+                "(self pairs excluded)",
+                file=sys.stderr,
+            )
+        return not args.include_self
+    identical = same_embeddings(args.queries, args.database, queries, database)
+    if args.exclude_self and not identical:
+        raise ValueError(
+            f"--exclude-self drops pair (i, i) as query i's own item, which holds only when the "
+            f"queries are the database; --database {args.database} is not the --queries file "
+            f"{args.queries} nor a copy of it. Drop --exclude-self (or --database for leave-one-out)"
+        )
+    if args.include_self and not identical:
+        raise ValueError(
+            f"--include-self counts pair (i, i) as query i's own item, which holds only when the "
+            f"queries are the database; --database {args.database} is not the --queries file "
+            f"{args.queries} nor a copy of it. Drop --include-self"
+        )
+    if identical and not (args.exclude_self or args.include_self):
+        raise ValueError(
+            f"--database {args.database} holds the same embeddings as --queries {args.queries}: "
+            "each query would retrieve itself as a positive, inflating every metric. Add "
+            "--exclude-self for leave-one-out, or --include-self if self pairs are meant to count"
+        )
+    return args.exclude_self
+
+
 def run(args: argparse.Namespace) -> int:
     from rl_gap.metrics.functional import evaluate_embeddings
     from rl_gap.metrics.functional.arguments import check_block_size, check_count
@@ -252,42 +214,14 @@ def run(args: argparse.Namespace) -> int:
     database, d_pt_labels = (
         (queries, q_pt_labels) if args.database is None else load_embeddings(args.database)
     )
-    if args.query_labels:
-        query_labels = load_labels(args.query_labels)
-    elif q_pt_labels is not None:
-        query_labels = np.asarray(q_pt_labels)
-    else:
-        raise ValueError("query labels are needed: --query-labels or a 'labels' entry in the .pt")
-    if args.database_labels:
-        database_labels = load_labels(args.database_labels)
-    elif d_pt_labels is not None:
-        database_labels = np.asarray(d_pt_labels)
-    elif args.database is None:
-        database_labels = query_labels
-    else:
-        raise ValueError("database labels are needed: --database-labels")
-    query_labels, database_labels = _encode(query_labels, database_labels)
+    query_labels, database_labels = _labels(args, queries, database, q_pt_labels, d_pt_labels)
+    exclude_self = exclude_self_pairs(args, queries, database)
     if args.normalize:
         queries = torch.nn.functional.normalize(torch.as_tensor(np.asarray(queries)).float(), dim=1)
         database = (
             queries
             if args.database is None
             else torch.nn.functional.normalize(torch.as_tensor(np.asarray(database)).float(), dim=1)
-        )
-    exclude_self = args.exclude_self
-    if exclude_self and args.database is not None and not _same_file(args.queries, args.database):
-        raise ValueError(
-            f"--exclude-self drops pair (i, i) as query i's own item, which holds only when the "
-            f"queries are the database; --database {args.database} is not the --queries file "
-            f"{args.queries}. Drop --exclude-self (or --database for leave-one-out)"
-        )
-    if args.database is None and not exclude_self:
-        # Each query would retrieve itself first (R@1 = 1): rank it against the others.
-        exclude_self = True
-        print(
-            "no --database: leave-one-out, each query ranked against the other queries "
-            "(self pairs excluded)",
-            file=sys.stderr,
         )
     metrics = evaluate_embeddings(
         queries, database, query_labels, database_labels, exclude_self=exclude_self,
@@ -303,8 +237,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(format_table(metrics))
     if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(metrics, indent=2, allow_nan=True))
+        # atomic: a full disk or a kill mid-write leaves the previous file as it was
+        out = write_text_atomic(args.output, json.dumps(metrics, indent=2, allow_nan=True))
         print(f"wrote {out}")
     return 0

@@ -30,6 +30,7 @@ import os
 import numpy as np
 import torch
 
+from rl_gap.commands.atomic_output import write_text_atomic
 from rl_gap.commands.npy_io import load_npy
 from rl_gap.metrics.tail import ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
@@ -366,8 +367,7 @@ def run(args: argparse.Namespace) -> int:
 def _write_json(path: str | None, out: dict, quiet: bool = False) -> None:
     if not path:
         return
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2)
+    write_text_atomic(path, json.dumps(out, indent=2))  # a full disk keeps the previous file
     if not quiet:
         print(f"results written to {path}")
 

@@ -223,3 +223,89 @@ def test_label_csv_with_only_a_header_is_refused(tmp_path):
     with pytest.raises((ValueError, SystemExit), match="header but no labels"):
         main(["evaluate", "--queries", str(tmp_path / "q.npy"),
               "--query-labels", str(tmp_path / "ql.csv")])  # fmt: skip
+
+
+def _clusters(n_classes, per_class, seed=0):
+    """Well separated classes: every metric is 1 when the labels pair up correctly."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(n_classes), per_class)
+    emb = np.eye(n_classes)[labels] + 0.05 * rng.normal(size=(len(labels), n_classes))
+    return emb.astype(np.float32), labels
+
+
+def test_64bit_text_ids_against_int64_npy_ids(tmp_path):
+    """The issue's case: ids 2**60 + k in a query .txt, the same ids in an int64 database
+    .npy (float64 turned 2**60 and 2**60 + 1 into one class: gAP 0.29, R@1 0)."""
+    q, q_cls = _clusters(4, 2, seed=1)
+    d, d_cls = _clusters(4, 3, seed=2)
+    ids = np.array([2**60, 2**60 + 1, 2**60 + 2, 2**61 + 1], dtype=np.int64)
+    np.save(tmp_path / "q.npy", q)
+    np.save(tmp_path / "d.npy", d)
+    (tmp_path / "ql.txt").write_text("\n".join(str(int(v)) for v in ids[q_cls]) + "\n")
+    np.save(tmp_path / "dl.npy", ids[d_cls])
+    out = tmp_path / "m.json"
+    assert main([
+        "evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
+        "--query-labels", str(tmp_path / "ql.txt"), "--database-labels", str(tmp_path / "dl.npy"),
+        "--no-ceiling", "--output", str(out),
+    ]) == 0  # fmt: skip
+    got = json.loads(out.read_text())
+    assert got["num_positive_pairs"] == 8 * 3  # each query: its class's 3 database items
+    assert got["gap"] == got["map"] == got["r@1"] == 1.0
+
+
+def test_database_holding_the_queries_needs_exclude_or_include_self(tmp_path):
+    """The issue's case: --database <the query file> without --exclude-self counted self
+    pairs silently (R@1 0.964 vs 0.884 leave-one-out)."""
+    emb, labels = _data(4)[0].numpy(), _data(4)[2].numpy()
+    np.save(tmp_path / "e.npy", emb)
+    np.save(tmp_path / "copy.npy", emb.copy())
+    np.save(tmp_path / "l.npy", labels)
+    common = ["evaluate", "--queries", str(tmp_path / "e.npy"), "--query-labels",
+              str(tmp_path / "l.npy"), "--database-labels", str(tmp_path / "l.npy"),
+              "--no-ceiling"]  # fmt: skip
+    for database in ("e.npy", "copy.npy"):  # the same path, or the same content
+        with pytest.raises(ValueError, match=r"same embeddings as --queries .*--exclude-self"):
+            main([*common, "--database", str(tmp_path / database)])
+    t, lab = torch.from_numpy(emb).double(), torch.from_numpy(labels)
+    for flag, exclude in (("--exclude-self", True), ("--include-self", False)):
+        out = tmp_path / f"{flag}.json"
+        main([*common, "--database", str(tmp_path / "copy.npy"), flag, "--output", str(out)])
+        ref = evaluate_embeddings(t, t, lab, lab, exclude_self=exclude, ceiling=False)
+        got = json.loads(out.read_text())
+        assert got["num_positive_pairs"] == ref["num_positive_pairs"]
+        assert got["gap"] == pytest.approx(ref["gap"], abs=1e-6)
+        assert got["r@1"] == pytest.approx(ref["r@1"], abs=1e-6)
+    # a different database of the same shape is neither
+    np.save(tmp_path / "other.npy", emb[::-1].copy())
+    with pytest.raises(ValueError, match="--include-self counts pair"):
+        main([*common, "--database", str(tmp_path / "other.npy"), "--include-self"])
+
+
+def test_object_label_npy_is_named_for_what_it_is(tmp_path):
+    np.save(tmp_path / "e.npy", np.eye(3, dtype=np.float32))
+    np.save(tmp_path / "l.npy", np.array(["a", 1, 2], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match=r"array of Python objects") as info:
+        main(["evaluate", "--queries", str(tmp_path / "e.npy"),
+              "--query-labels", str(tmp_path / "l.npy")])  # fmt: skip
+    assert "truncated" not in str(info.value)
+
+
+def test_a_name_above_numeric_labels_is_kept_when_rows_match_the_embeddings(tmp_path, capsys):
+    """A first label that is a class name is a label, not a header, when the file holds one
+    row per embedding (it was dropped silently, every label then one row off)."""
+    emb, cls = _clusters(3, 3)
+    names = np.array(["7", "other", "9"])[cls]
+    names[0] = "unknown"  # a name at the top of a file of numbers
+    np.save(tmp_path / "e.npy", emb)
+    (tmp_path / "l.txt").write_text("\n".join(names) + "\n")
+    out = tmp_path / "m.json"
+    assert main(["evaluate", "--queries", str(tmp_path / "e.npy"), "--query-labels",
+                 str(tmp_path / "l.txt"), "--no-ceiling", "--output", str(out)]) == 0  # fmt: skip
+    codes = np.unique(names, return_inverse=True)[1]
+    ref = evaluate_embeddings(torch.from_numpy(emb).double(), query_labels=torch.from_numpy(codes),
+                              exclude_self=True, ceiling=False)  # fmt: skip
+    got = json.loads(out.read_text())
+    assert got["num_positive_pairs"] == ref["num_positive_pairs"] == 2 + 6 + 6
+    assert got["map"] == pytest.approx(ref["map"], abs=1e-6)
+    assert "header" not in capsys.readouterr().err
