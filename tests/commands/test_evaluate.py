@@ -295,7 +295,7 @@ def test_a_name_above_numeric_labels_is_kept_when_rows_match_the_embeddings(tmp_
     """A first label that is a class name is a label, not a header, when the file holds one
     row per embedding (it was dropped silently, every label then one row off)."""
     emb, cls = _clusters(3, 3)
-    names = np.array(["7", "other", "9"])[cls]
+    names = np.array(["7", "8", "9"])[cls]
     names[0] = "unknown"  # a name at the top of a file of numbers
     np.save(tmp_path / "e.npy", emb)
     (tmp_path / "l.txt").write_text("\n".join(names) + "\n")
