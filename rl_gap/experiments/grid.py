@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_gap.experiments.runner import Runner
+from rl_gap.experiments.runner import Runner, data_accepts
 from rl_gap.experiments.tables import metric_row
 
 
@@ -58,9 +58,30 @@ def add_grid_arguments(parser: argparse.ArgumentParser, recipes: Sequence[str]) 
     )  # fmt: skip
 
 
+VAL_SPLIT_KEY = "val_split"
+
+
+def on_test_split(recipe: str) -> tuple[str, ...]:
+    """``rl-gap fit`` overrides that make a run report the test split.
+
+    A recipe tuned on a held-out share of its training classes (``val_split: 0.3``,
+    the SOP/iNaturalist recipes) would report ``val/*`` on those classes and train
+    on the rest; ``val_split 0`` trains on every training class and validates on
+    the test split, the number the paper's protocols report.
+    """
+    if data_accepts(recipe, VAL_SPLIT_KEY):
+        return (f"--data.init_args.{VAL_SPLIT_KEY}", "0")
+    return ()
+
+
 def runner_from_args(args: argparse.Namespace, group: str) -> Runner:
     if args.num_seeds < 1:
         raise ValueError(f"--num-seeds must be >= 1, got {args.num_seeds}")
+    if VAL_SPLIT_KEY in args.overrides:
+        raise ValueError(
+            f"--overrides sets {VAL_SPLIT_KEY}: this protocol reports the test split, so every "
+            f"run gets {VAL_SPLIT_KEY} 0 (search on a validation split with rl-gap tune)"
+        )
     return Runner(
         command=Runner.parse_command(args.trial_command),
         wandb=args.wandb,

@@ -5,7 +5,9 @@ For every recipe (one per loss), every ρ in ``--images-per-class`` (default
 default 1 5 10 25 50 100), train with ``--num-seeds`` seeds (default 3); each
 seed draws its own subset (``data.class_fraction``, ``data.images_per_class``,
 ``data.seed``; see ``rl_gap.data.subsets``) and evaluates on the full test
-split. Prints and writes the γ × ρ × loss table of gAP and mAP (mean ± std
+split: every run gets ``data.val_split 0``, so a recipe that validates on
+held-out training classes (``val_split: 0.3``) still reports the test split and
+γ is a share of all its training classes. Prints and writes the γ × ρ × loss table of gAP and mAP (mean ± std
 over seeds, %): ``scarce.csv`` (every metric, one row per setting),
 ``scarce.md``, and ``scarce_runs.csv`` (one row per run), in ``--output``
 (default ``runs/scarce``).
@@ -22,7 +24,13 @@ import argparse
 import time
 from pathlib import Path
 
-from rl_gap.experiments.grid import Setting, add_grid_arguments, run_grid, runner_from_args
+from rl_gap.experiments.grid import (
+    Setting,
+    add_grid_arguments,
+    on_test_split,
+    run_grid,
+    runner_from_args,
+)
 from rl_gap.experiments.runner import data_accepts, recipe_loss
 from rl_gap.experiments.tables import (
     RANKING_RULE,
@@ -61,7 +69,8 @@ def settings(args: argparse.Namespace) -> list[Setting]:
             for gamma in args.fractions:
                 if not 0 < gamma <= 100 or rho < 1:
                     raise ValueError(f"need 0 < γ <= 100 and ρ >= 1, got γ={gamma}, ρ={rho}")
-                overrides = ("--data.init_args.class_fraction", repr(gamma / 100),
+                overrides = (*on_test_split(recipe),
+                             "--data.init_args.class_fraction", repr(gamma / 100),
                              "--data.init_args.images_per_class", str(rho))  # fmt: skip
                 out.append(
                     Setting(

@@ -9,7 +9,8 @@
   for τ ≤ 0.01 and collapses for τ ≥ 0.1).
 
 Each trains every setting with ``--num-seeds`` seeds through the training CLI
-(:mod:`rl_gap.experiments.grid`), then writes ``<name>.csv`` (mean ± std per
+(:mod:`rl_gap.experiments.grid`) and reports the test split (every run gets
+``data.val_split 0``, whatever the recipe's validation split), then writes ``<name>.csv`` (mean ± std per
 setting, every metric), ``<name>_runs.csv`` (one row per run), ``<name>.md``
 and ``<name>.png`` to ``--output``, and prints the table.
 """
@@ -22,7 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_gap.experiments.grid import Setting, add_grid_arguments, run_grid, runner_from_args
+from rl_gap.experiments.grid import (
+    Setting,
+    add_grid_arguments,
+    on_test_split,
+    run_grid,
+    runner_from_args,
+)
 from rl_gap.experiments.runner import recipe_loss
 from rl_gap.experiments.tables import (
     RANKING_RULE,
@@ -139,8 +146,8 @@ def _sweep(
     write the tables and the plot (``runs/studies/<study>`` unless ``--output``)."""
     out = Path(args.output or f"runs/studies/{study}").resolve()
     settings = [
-        Setting({"loss": recipe_loss(r), column: v}, r, (flag, repr(v)),
-                f"{recipe_loss(r)}/{column}_{v:g}")
+        Setting({"loss": recipe_loss(r), column: v}, r,
+                (*on_test_split(r), flag, repr(v)), f"{recipe_loss(r)}/{column}_{v:g}")
         for r in args.recipes for v in values
     ]  # fmt: skip
     start = time.perf_counter()

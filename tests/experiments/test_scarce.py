@@ -25,9 +25,21 @@ def _last_logged(run_dir):
     return last
 
 
+def recipe_validating_on_train_classes(tmp_path):
+    """The demo recipe with ``val_split: 0.3``, as the SOP/iNaturalist recipes."""
+    config = yaml.safe_load((RECIPES / "mnist_gsap.yaml").read_text())
+    config["data"]["init_args"]["val_split"] = 0.3
+    path = tmp_path / "mnist_gsap_val.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_sweep_scarce_table_from_seeded_subset_runs(tmp_path, capsys):
+    """Every run reports the test split (val_split 0) though the recipe validates on held-out
+    training classes: γ is then a share of all training classes."""
     out = tmp_path / "scarce"
-    argv = ["sweep-scarce", "--recipes", str(RECIPES / "mnist_gsap.yaml"), "--fractions", "1",
+    recipe = recipe_validating_on_train_classes(tmp_path)
+    argv = ["sweep-scarce", "--recipes", str(recipe), "--fractions", "1",
             "100", "--images-per-class", "2", "--num-seeds", "2", "--output", str(out),
             "--wandb", "off", "--overrides", TINY]  # fmt: skip
     assert main(argv) == 0
@@ -43,6 +55,7 @@ def test_sweep_scarce_table_from_seeded_subset_runs(tmp_path, capsys):
             data = yaml.safe_load(cfg.read_text())["data"]["init_args"]
             assert data["class_fraction"] == float(gamma) / 100 and data["images_per_class"] == 2
             assert data["seed"] == seed
+            assert data["val_split"] == 0  # val/* is the test split, not held-out train classes
         gaps = [_last_logged(r)["val/gap"] for r in runs]
         assert float(row["gAP_mean"]) == pytest.approx(statistics.fmean(gaps), abs=1e-12)
         assert float(row["gAP_std"]) == pytest.approx(statistics.stdev(gaps), abs=1e-12)
@@ -58,3 +71,9 @@ def test_sweep_scarce_rejects_bad_settings(tmp_path):
     glyphs = str(RECIPES / "glyphs_gsap.yaml")
     with pytest.raises(ValueError, match="class_fraction"):
         main(["sweep-scarce", "--recipes", glyphs, "--output", str(tmp_path)])
+
+
+def test_sweep_scarce_refuses_a_validation_split_override(tmp_path):
+    with pytest.raises(ValueError, match="reports the test split"):
+        main(["sweep-scarce", "--recipes", str(RECIPES / "mnist_gsap.yaml"), "--output",
+              str(tmp_path), "--overrides", "--data.init_args.val_split 0.3"])  # fmt: skip

@@ -27,7 +27,9 @@ def _run_values(run_dir):
     for row in csv.DictReader(log.open()):
         last.update({k: float(v) for k, v in row.items() if v})
     (cfg,) = Path(run_dir).glob("version_*/config.yaml")
-    return last, yaml.safe_load(cfg.read_text())["model"]["init_args"]["loss"]
+    config = yaml.safe_load(cfg.read_text())
+    assert config["data"]["init_args"]["val_split"] == 0  # val/* is the test split
+    return last, config["model"]["init_args"]["loss"]
 
 
 @pytest.mark.parametrize(
@@ -38,8 +40,14 @@ def _run_values(run_dir):
     ],
 )
 def test_study_writes_table_and_plot(script, option, values, key, column, tmp_path, monkeypatch):
+    """Every run reports the test split (val_split 0) though the recipe validates on 30% of
+    its training classes, as the SOP/iNaturalist recipes do."""
     out = tmp_path / "study"
-    argv = ["--recipes", str(ROOT / "recipes" / "demo" / "mnist_gsap.yaml"), option, *values,
+    config = yaml.safe_load((ROOT / "recipes" / "demo" / "mnist_gsap.yaml").read_text())
+    config["data"]["init_args"]["val_split"] = 0.3
+    recipe = tmp_path / "mnist_gsap_val.yaml"
+    recipe.write_text(yaml.safe_dump(config))
+    argv = ["--recipes", str(recipe), option, *values,
             "--num-seeds", "1", "--output", str(out), "--wandb", "off", "--overrides", TINY]  # fmt: skip
     _script(script, argv, monkeypatch)
     name = script[len("study_") : -len(".py")]
