@@ -180,8 +180,9 @@ def blackbox_reference(sim, rel, valid, per_query, lam, margin, alpha=0.0, scale
     return 1.0 - sum(aps) / num_lists, grad
 
 
-def brute_supap(scores: torch.Tensor, pos: list[bool], tau, rho, offset, margin):
-    """Ramzi et al.'s SupAP as written in the paper's rank form, full broadcast:
+def brute_supap(scores: torch.Tensor, pos: list[bool], tau, rho, offset, margin, start=0.5):
+    """Ramzi et al.'s SupAP as written in the paper's rank form, full broadcast (``start``:
+    H⁻'s step at t = 0 inside the band, 1/2 in the paper, 0 in the released iNaturalist config):
     rank(k) = 1 + Σ_{j≠k, j∈P} H(s_j − s_k) + Σ_{j∈N} H⁻(s_j − s_k),
     rank⁺(k) = 1 + Σ_{j≠k, j∈P} H(s_j − s_k), H(0) = 1; AP = mean_{k∈P} rank⁺/rank."""
     pos_t = torch.tensor(pos)
@@ -190,7 +191,7 @@ def brute_supap(scores: torch.Tensor, pos: list[bool], tau, rho, offset, margin)
     smooth = torch.where(
         diff <= 0,
         torch.sigmoid(diff / tau),
-        torch.where(diff <= margin, 0.5 + torch.sigmoid(diff / tau), rho * diff + offset),
+        torch.where(diff <= margin, start + torch.sigmoid(diff / tau), rho * diff + offset),
     )
     not_self = ~torch.eye(len(pos), dtype=torch.bool)
     rank_pos = 1 + (step * (pos_t[None] & not_self)).sum(1)

@@ -109,8 +109,9 @@ class RoadmapLoss(_RoadmapMixin, SupAPLoss):
     """ROADMAP, per query: ``(1 − mean SupAP) + calibration_weight · L_calib``.
 
     Args:
-        temperature, rho, offset, margin, neg_drop, symmetric, chunk_size: the
-            SupAP term, as :class:`~rl_gap.losses.supap.SupAPLoss` (released defaults).
+        temperature, rho, offset, margin, neg_drop, symmetric, chunk_size, start: the
+            SupAP term, as :class:`~rl_gap.losses.supap.SupAPLoss` (released defaults;
+            the released iNaturalist setting is ``start=0.0, offset=1.0``).
         pos_margin: calibration margin of positive pairs (released: 0.9).
         neg_margin: calibration margin of negative pairs (released: 0.6).
         calibration_weight: weight of L_calib (released: 1; the AP term has weight 1).
@@ -128,6 +129,7 @@ class RoadmapLoss(_RoadmapMixin, SupAPLoss):
         pos_margin: float = 0.9,
         neg_margin: float = 0.6,
         calibration_weight: float = 1.0,
+        start: float = 0.5,
     ) -> None:
         super().__init__(
             temperature=temperature,
@@ -137,6 +139,7 @@ class RoadmapLoss(_RoadmapMixin, SupAPLoss):
             neg_drop=neg_drop,
             symmetric=symmetric,
             chunk_size=chunk_size,
+            start=start,
         )
         self._set_calibration(pos_margin, neg_margin, calibration_weight)
 
@@ -159,6 +162,7 @@ class GlobalRoadmapLoss(_RoadmapMixin, GlobalSupAPLoss):
         pos_margin: float = 0.9,
         neg_margin: float = 0.6,
         calibration_weight: float = 1.0,
+        start: float = 0.5,
     ) -> None:
         super().__init__(
             temperature=temperature,
@@ -167,5 +171,6 @@ class GlobalRoadmapLoss(_RoadmapMixin, GlobalSupAPLoss):
             margin=margin,
             neg_drop=neg_drop,
             chunk_size=chunk_size,
+            start=start,
         )
         self._set_calibration(pos_margin, neg_margin, calibration_weight)

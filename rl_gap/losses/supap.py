@@ -8,17 +8,18 @@ step, with t = s_j − s_k:
     rk⁻(k) = Σ_{j in N} H⁻(s_j − s_k)
 
     H⁻(t) = σ(t/τ)               t ≤ 0
-            1/2 + σ(t/τ)         0 < t ≤ δ
+            start + σ(t/τ)       0 < t ≤ δ
             ρ·t + offset         t > δ
 
     SupAP = (1/|P|) Σ_{k in P} rk⁺(k) / (rk⁺(k) + rk⁻(k))
 
 The sigmoid keeps gradient for negatives ranked below a positive, the linear
 part (slope ρ) keeps a non-vanishing gradient for every negative ranked above
-it, and H⁻ ≥ H (for offset ≥ 1) makes 1 − SupAP an upper bound of 1 − AP.
-δ is the margin band; δ = 0 gives the two-piece form (sigmoid below 0,
-ρ·t + offset above). Defaults τ = 0.01, ρ = 100, offset = 1.44, δ = 0.05 are
-the authors' released SupAP settings. Positives pass no gradient through
+it, and H⁻ ≥ H (for offset ≥ 1 and start ≥ 1/2) makes 1 − SupAP an upper
+bound of 1 − AP. δ is the margin band; δ = 0 gives the two-piece form (sigmoid
+below 0, ρ·t + offset above). Defaults τ = 0.01, ρ = 100, offset = 1.44,
+δ = 0.05, start = 1/2 are the authors' released SupAP settings; their released
+iNaturalist setting is start = 0, offset = 1 (``roadmap/config/loss/supap_inat.yaml``). Positives pass no gradient through
 rk⁺ (a step); the gradient flows through the negatives' comparisons.
 
 Cost and memory. Every (positive, negative) comparison of a list is
@@ -53,7 +54,7 @@ DEFAULT_BLOCK_ELEMENTS = 1 << 20
 
 
 def h_minus(
-    t: torch.Tensor, temperature: float, rho: float, offset: float, margin: float
+    t: torch.Tensor, temperature: float, rho: float, offset: float, margin: float, start: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``H⁻(t)`` and its derivative (the sigmoid's left derivative at t = δ). Consumes ``t``."""
     inv_tau = 1.0 / temperature
@@ -61,7 +62,7 @@ def h_minus(
     value = torch.sigmoid(t.clamp(max=margin) * inv_tau)
     deriv = value * (1.0 - value) * inv_tau
     if margin > 0:
-        value += 0.5 * (t > 0)
+        value += start * (t > 0)
     linear = t.mul_(rho).add_(offset)
     value = torch.where(above, linear, value)
     return value, deriv.masked_fill_(above, rho)
@@ -71,7 +72,7 @@ def _supap_sweep(
     scores: torch.Tensor,
     positive: torch.Tensor,
     negative: torch.Tensor,
-    params: tuple[float, float, float, float],
+    params: tuple[float, float, float, float, float],
     chunk_size: int | None,
     with_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -143,6 +144,7 @@ def supap(
     offset: float = 1.44,
     margin: float = 0.05,
     chunk_size: int | None = None,
+    start: float = 0.5,
 ) -> torch.Tensor:
     """SupAP of every row of ``scores``, each row one list.
 
@@ -153,9 +155,11 @@ def supap(
         temperature: τ > 0 of the sigmoid part of H⁻.
         rho: ρ ≥ 0, slope of H⁻ above the margin.
         offset: H⁻'s value at the start of the linear part (≥ 1 keeps the upper bound).
-        margin: δ ≥ 0, width of the band (0, δ] where H⁻ = 1/2 + σ(t/τ).
+        margin: δ ≥ 0, width of the band (0, δ] where H⁻ = start + σ(t/τ).
         chunk_size: positives per chunk; None keeps a chunk × D block near 2^20 elements
             (2^22 for a one-row input).
+        start: ≥ 0, H⁻'s step at t = 0 inside the band (1/2: released default; 0:
+            released iNaturalist setting).
 
     Returns:
         (R,) SupAP per row, differentiable w.r.t. ``scores`` (first order).
@@ -165,6 +169,7 @@ def supap(
         check_positive_finite("rho", rho, allow_zero=True),
         float(offset),
         check_positive_finite("margin", margin, allow_zero=True),
+        check_positive_finite("start", start, allow_zero=True),
     )
     if not math.isfinite(params[2]):
         raise ValueError(f"offset must be finite, got {offset}")
@@ -181,6 +186,8 @@ class SupAPLoss(APSurrogateLoss):
         rho: ρ ≥ 0, slope above the margin (default 100).
         offset: value where the linear part starts (default 1.44).
         margin: δ ≥ 0 of the band (0, δ] (default 0.05).
+        start: ≥ 0, H⁻'s step at t = 0 inside the band (default 0.5; ROADMAP's released
+            iNaturalist setting: start 0 with offset 1).
         neg_drop: α in [0, 1), per-row negative dropping.
         symmetric: also rank the columns and average both directions.
         chunk_size: positives per chunk; None = automatic.
@@ -198,6 +205,7 @@ class SupAPLoss(APSurrogateLoss):
         neg_drop: float = 0.0,
         symmetric: bool = False,
         chunk_size: int | None = None,
+        start: float = 0.5,
     ) -> None:
         super().__init__(neg_drop=neg_drop, symmetric=symmetric)
         self.temperature = check_temperature(temperature)
@@ -206,12 +214,13 @@ class SupAPLoss(APSurrogateLoss):
         if not math.isfinite(self.offset):
             raise ValueError(f"offset must be finite, got {offset}")
         self.margin = check_positive_finite("margin", margin, allow_zero=True)
+        self.start = check_positive_finite("start", start, allow_zero=True)
         self.chunk_size = check_chunk_size(chunk_size)
 
     def extra_repr(self) -> str:
         return (
             f"temperature={self.temperature}, rho={self.rho}, offset={self.offset}, "
-            f"margin={self.margin}, neg_drop={self.neg_drop}"
+            f"margin={self.margin}, start={self.start}, neg_drop={self.neg_drop}"
             + ("" if self.global_ranking else f", symmetric={self.symmetric}")
         )
 
@@ -227,6 +236,7 @@ class SupAPLoss(APSurrogateLoss):
             self.offset,
             self.margin,
             self.chunk_size,
+            self.start,
         )
 
 
@@ -238,7 +248,7 @@ class GlobalSupAPLoss(SupAPLoss):
     chunk by default at M ≥ 2^22) + O(M): no P × M matrix. Time O(P · M).
 
     Args:
-        temperature, rho, offset, margin: as :class:`SupAPLoss`.
+        temperature, rho, offset, margin, start: as :class:`SupAPLoss`.
         neg_drop: α in [0, 1), dropping over the flattened list.
         chunk_size: positives per chunk; None = automatic.
     """
@@ -253,6 +263,7 @@ class GlobalSupAPLoss(SupAPLoss):
         margin: float = 0.05,
         neg_drop: float = 0.0,
         chunk_size: int | None = None,
+        start: float = 0.5,
     ) -> None:
         super().__init__(
             temperature=temperature,
@@ -261,4 +272,5 @@ class GlobalSupAPLoss(SupAPLoss):
             margin=margin,
             neg_drop=neg_drop,
             chunk_size=chunk_size,
+            start=start,
         )

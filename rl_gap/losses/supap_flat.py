@@ -4,7 +4,7 @@ With t = n_j − a_k (negative j, positive anchor k), ROADMAP's H⁻ (see
 ``rl_gap/losses/supap.py``) splits into
 
     H⁻(t) = σ(min(t, δ)/τ)                          every pair
-            + 1/2                                    0 < t ≤ δ
+            + start                                  0 < t ≤ δ
             + ρ·t + offset − σ(δ/τ)                  t > δ
 
 Only the first line needs the P × N comparisons; the counts and sums of the
@@ -37,7 +37,7 @@ def supap_one_list(
     scores: torch.Tensor,
     positive: torch.Tensor,
     negative: torch.Tensor,
-    params: tuple[float, float, float, float],
+    params: tuple[float, float, float, float, float],
     chunk_size: int | None,
     with_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -47,13 +47,13 @@ def supap_one_list(
         scores: (M,) float32/float64 scores.
         positive: (M,) bool positives (≥ 1).
         negative: (M,) bool negatives (disjoint from ``positive``; others are ignored).
-        params: (τ, ρ, offset, δ).
+        params: (τ, ρ, offset, δ, start).
         chunk_size: anchors (positives) per block; None keeps blocks near 2^22 elements.
         with_grad: also return the gradient.
 
     Memory: one chunk × N block (N negatives) plus O(M) vectors.
     """
-    tau, rho, offset, margin = params
+    tau, rho, offset, margin, start_step = params
     dtype = scores.dtype
     pos_idx = positive.nonzero()[:, 0]
     neg_idx = negative.nonzero()[:, 0]
@@ -77,7 +77,7 @@ def supap_one_list(
     exact_part = (
         rho * (sum_above - count_above * anchors.double())
         + (offset - sig_cap) * count_above
-        + 0.5 * (count_pos_side - count_above)
+        + start_step * (count_pos_side - count_above)
     )
 
     inv_tau, cap = 1.0 / tau, margin / tau

@@ -51,6 +51,7 @@ def configs() -> dict[str, tuple[str, dict]]:
     out["siglip/fixed"] = ("siglip", {"learnable": False})
     out["msap/chunk"] = ("msap", {"chunk_size": 2, "neg_drop": 0.3})
     out["gsupap/chunk"] = ("gsupap", {"chunk_size": 3, "neg_drop": 0.3})
+    out["gsupap/inat"] = ("gsupap", {"start": 0.0, "offset": 1.0})  # ROADMAP's iNat setting
     return out
 
 

@@ -216,7 +216,7 @@ def _global_surrogate(module, sim, rel, valid) -> torch.Tensor:
             scores, positive, module.lambda_val, module.margin
         )
     if _is(module, "SupAPLoss"):
-        params = (module.temperature, module.rho, module.offset, module.margin)
+        params = (module.temperature, module.rho, module.offset, module.margin, module.start)
         return sharded_global.sharded_supap(scores, positive, params, module.chunk_size)
     raise ValueError(f"{type(module).__name__}: no sharded global ranking")
 

@@ -152,7 +152,7 @@ def sharded_blackbox_ap(scores, positive, lambda_val, margin) -> torch.Tensor:
 # ------------------------------------------------------------------------------ gSupAP
 def _supap_parts(negs, anchors, params):
     """This rank's negatives' exact-part partials per anchor: counts above δ, above 0, sum above δ."""
-    tau, rho, offset, margin = params
+    tau, rho, offset, margin, _ = params
     neg_sorted = negs.sort().values
     prefix = torch.cat(
         [neg_sorted.new_zeros(1, dtype=torch.float64), neg_sorted.double().cumsum(0)]
@@ -169,7 +169,7 @@ class _ShardedSupAP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, positive, params, chunk_size):  # type: ignore[override]
         rank, _ = shard_comm.require_group()
-        tau, rho, offset, margin = params
+        tau, rho, offset, margin, start_step = params
         work = scores.detach()
         dtype = work.dtype
         pos_local, negs = work[positive], work[~positive]
@@ -205,7 +205,7 @@ class _ShardedSupAP(torch.autograd.Function):
         exact_part = (
             rho * (sum_above - count_above * anchors.double())
             + (offset - sig_cap) * count_above
-            + 0.5 * (count_pos_side - count_above)
+            + start_step * (count_pos_side - count_above)
         )
         rank_all = rank_pos + exact_part + sig_sum
         ap = (rank_pos / rank_all).sum() / num_pos
