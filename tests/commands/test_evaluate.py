@@ -264,7 +264,8 @@ def test_database_holding_the_queries_needs_exclude_or_include_self(tmp_path):
     common = ["evaluate", "--queries", str(tmp_path / "e.npy"), "--query-labels",
               str(tmp_path / "l.npy"), "--database-labels", str(tmp_path / "l.npy"),
               "--no-ceiling"]  # fmt: skip
-    for database in ("e.npy", "copy.npy"):  # the same path, or the same content
+    torch.save(torch.from_numpy(emb.copy()), tmp_path / "copy.pt")
+    for database in ("e.npy", "copy.npy", "copy.pt"):  # the same path, or the same content
         with pytest.raises(ValueError, match=r"same embeddings as --queries .*--exclude-self"):
             main([*common, "--database", str(tmp_path / database)])
     t, lab = torch.from_numpy(emb).double(), torch.from_numpy(labels)
