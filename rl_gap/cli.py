@@ -3,6 +3,10 @@
 ``rl-gap fit|validate|test|predict --config recipe.yaml`` is a LightningCLI
 (every key overridable on the command line); ``rl-gap evaluate|extrapolate|
 linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
+
+Start-up: this module imports nothing heavy; a command imports what it uses.
+``--help`` of any command is printed from a cache once it has been built
+(:mod:`rl_gap.help_cache`): LightningCLI's help alone needs torch and Lightning.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import importlib
 import sys
 
 from rl_gap.commands import COMMANDS
+from rl_gap.help_cache import cached_help
 
 
 def _run_command(name: str, argv: list[str]) -> int:
@@ -40,22 +45,32 @@ def usage() -> str:
     )
 
 
+def _run_training_command(argv: list[str] | None) -> int:
+    # Every module class known to jsonargparse: short class names and --help list them.
+    import rl_gap.modules as modules
+    from rl_gap.training.cli import run_lightning_cli
+
+    for name in modules.__all__:
+        getattr(modules, name)
+    # LightningCLI reads sys.argv itself when called from the console script.
+    run_lightning_cli(argv)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if not words or words[0] in ("-h", "--help"):
         print(usage(), end="")
         return 0 if words else 2
     if words[0] in COMMANDS:
-        return _run_command(words[0], words[1:])
+        with cached_help(words):
+            return _run_command(words[0], words[1:])
     if not words[0].startswith("-") and words[0] not in TRAINING_COMMANDS:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
-    from rl_gap.training.cli import run_lightning_cli
-
-    # LightningCLI reads sys.argv itself when called from the console script.
-    run_lightning_cli(argv)
-    return 0
+    with cached_help(words):
+        return _run_training_command(argv)
 
 
 if __name__ == "__main__":

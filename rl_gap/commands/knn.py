@@ -23,8 +23,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from rl_gap.metrics.knn import weighted_knn_accuracy
-
 DEFAULT_MODULE = "rl_gap.modules.moco_v3.MoCoV3Module"
 
 
@@ -116,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rl_gap.metrics.functional.arguments import check_ks
+    from rl_gap.metrics.knn import weighted_knn_accuracy
 
     check_ks(args.k, "--k")
     if args.temperature <= 0:

@@ -31,7 +31,6 @@ from rl_gap.commands.knn import (
     extract_features,
     load_module,
 )
-from rl_gap.metrics.knn import topk_accuracy
 from rl_gap.optim import check_optimizer_settings
 
 
@@ -135,6 +134,8 @@ def train_linear_probe(
             loss.backward()
             optimizer.step()
             schedule.step()
+    from rl_gap.metrics.knn import topk_accuracy  # torchmetrics: not needed for --help
+
     result = LinearProbeResult(
         probe.weight.detach().clone(), probe.bias.detach().clone(), mean, std, {}
     )
