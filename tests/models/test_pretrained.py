@@ -21,7 +21,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rl_gap.models.clip import CLIPEncoder, pretrained_tag_file, resolve_pretrained, tiny_clip_config
+from rl_gap.models.clip import (
+    CLIPEncoder,
+    pretrained_tag_file,
+    resolve_pretrained,
+    tiny_clip_config,
+)
 from rl_gap.models.encoder import EmbeddingEncoder
 from tests.models.hub_cache import scrambled, write_hub_repo
 
@@ -110,7 +115,11 @@ def offline_builds(tmp_path_factory):
     }
     env.pop("HF_HUB_CACHE", None)
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(out)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CHILD, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
