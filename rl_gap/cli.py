@@ -19,11 +19,36 @@ from rl_gap.commands import COMMANDS
 from rl_gap.help_cache import cached_help
 
 
-def _run_command(name: str, argv: list[str]) -> int:
+def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """End every option's help with its default, unless the help already states one.
+
+    Flags (``store_true``) and options without a default (None) are left as they are.
+    """
+    for action in parser._actions:
+        shown = action.help or ""
+        if (
+            not action.option_strings
+            or action.nargs == 0
+            or action.default in (None, argparse.SUPPRESS)
+            or action.help == argparse.SUPPRESS
+            or "default" in shown.lower()
+        ):
+            continue
+        action.help = f"{shown} (default: %(default)s)".strip()
+    return parser
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The argparse parser of sub-command ``name`` (its defaults shown in --help) and its module."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"rl-gap {name}", description=help_text)
     module.add_arguments(parser)
+    return show_defaults(parser), module
+
+
+def _run_command(name: str, argv: list[str]) -> int:
+    parser, module = build_parser(name)
     return int(module.run(parser.parse_args(argv)) or 0)
 
 
