@@ -32,3 +32,21 @@ def test_command_help_exits_cleanly(name, capsys):
         main([name, "--help"])
     assert exit_info.value.code == 0
     assert f"rl-gap {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_with_a_default_shows_it_in_help(name):
+    from rl_gap.cli import build_parser
+
+    parser, _ = build_parser(name)
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and action.default is not None:
+            assert "default" in (action.help or "").lower(), (name, action.option_strings)
+
+
+def test_knn_help_states_the_temperature_default(capsys, monkeypatch):
+    monkeypatch.setenv("RL_GAP_HELP_CACHE", "0")
+    with pytest.raises(SystemExit):
+        main(["knn", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "vote weight exp(s/T) (default: 0.07)" in text
