@@ -12,11 +12,11 @@ Start-up: this module imports nothing heavy; a command imports what it uses.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
 from rl_gap.commands import COMMANDS
-from rl_gap.help_cache import cached_help
 
 
 def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -80,6 +80,15 @@ def _run_training_command(argv: list[str] | None) -> int:
     # LightningCLI reads sys.argv itself when called from the console script.
     run_lightning_cli(argv)
     return 0
+
+
+def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
+    """The help cache around a ``--help`` command line; nothing for any other."""
+    if not any(word in ("-h", "--help") for word in words):
+        return contextlib.nullcontext()
+    from rl_gap.help_cache import cached_help as cache
+
+    return cache(words)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import nn
 
-from rl_gap.models.pretrained import fetching, hf_hub_cache, is_hub_name
+from rl_gap.models.pretrained import fetching, hf_hub_cache, hub_offline, is_hub_name
 from rl_gap.precision import full_precision_normalize
 
 Tokenizer = Callable[..., torch.Tensor]
@@ -217,6 +217,10 @@ def pretrained_tag_file(
     on_hub = bool(entry.get("hf_hub")) and open_clip.pretrained.has_hf_hub()
     cache = f"{hf_hub_cache()} (HF_HOME)" if on_hub else os.path.expanduser(OPEN_CLIP_URL_CACHE)
     with fetching(f"{model_name} pretrained={tag!r}", [cache]):
+        if not on_hub and hub_offline():  # open_clip's URL download ignores HF_HUB_OFFLINE
+            target = os.path.join(cache, os.path.basename(entry.get("url", "")))
+            if not os.path.isfile(target):
+                raise FileNotFoundError(target)
         path = open_clip.pretrained.download_pretrained(dict(entry))
     return str(path), dict(entry)
 

@@ -64,6 +64,15 @@ open_clip.pretrained._PRETRAINED["rl-gap-tiny"] = {
 }
 open_clip.factory._MODEL_CONFIGS["rl-gap-tiny"] = tiny_clip_config()
 case("clip_tag", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="tiny_tag")))
+# tags with a URL only: open_clip's own cache ~/.cache/clip, never the network when offline
+open_clip.pretrained._PRETRAINED["rl-gap-tiny"]["url_tag"] = open_clip.pretrained._pcfg(
+    url="https://rl-gap.invalid/tiny_url.pt"
+)
+open_clip.pretrained._PRETRAINED["rl-gap-tiny"]["url_missing"] = open_clip.pretrained._pcfg(
+    url="https://rl-gap.invalid/missing.pt"
+)
+case("clip_url", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url_tag")))
+case("clip_url_missing", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url_missing")))
 case("clip_missing", lambda: clip_tensors(CLIPEncoder("ViT-B-32-quickgelu", pretrained="metaclip_400m")))
 results["openai_file"] = pretrained_tag_file("ViT-B-32-quickgelu", "openai")[0]
 print(json.dumps(results))
@@ -105,12 +114,16 @@ def offline_builds(tmp_path_factory):
     openai = write_hub_repo(
         cache, "timm/vit_base_patch32_clip_224.openai", {"open_clip_model.safetensors": {}}
     )
+    refs["clip_url"] = scrambled(clip, 5)
+    (home / ".cache" / "clip").mkdir(parents=True)
+    torch.save(refs["clip_url"], home / ".cache" / "clip" / "tiny_url.pt")
     out = tmp_path_factory.mktemp("loaded")
     env = {
         **os.environ,
         "HF_HOME": str(home),
         "HF_HUB_OFFLINE": "1",
         "TORCH_HOME": str(home / "torch"),
+        "HOME": str(home),  # open_clip's URL cache is ~/.cache/clip
         "PYTHONPATH": str(ROOT),
     }
     env.pop("HF_HUB_CACHE", None)
@@ -142,7 +155,7 @@ def test_timm_weights_by_name_come_from_the_hub_cache(offline_builds, name):
         assert torch.equal(loaded[key], value), key
 
 
-@pytest.mark.parametrize("name", ["clip_hub", "clip_tag"])
+@pytest.mark.parametrize("name", ["clip_hub", "clip_tag", "clip_url"])
 def test_open_clip_weights_by_hub_name_and_tag_come_from_the_hub_cache(offline_builds, name):
     loaded = _loaded(offline_builds, name)
     mean = loaded.pop("_mean")
@@ -151,7 +164,9 @@ def test_open_clip_weights_by_hub_name_and_tag_come_from_the_hub_cache(offline_b
     for key, value in written.items():
         assert torch.equal(loaded[key], value), key
     # the preprocessing that comes with the weights (Hub config / tag registry entry)
-    assert mean.tolist() == ([0.125] * 3 if name == "clip_hub" else [0.25] * 3)
+    expected = {"clip_hub": [0.125] * 3, "clip_tag": [0.25] * 3}.get(name)
+    if expected is not None:
+        assert mean.tolist() == expected
 
 
 def test_openai_tag_of_the_clip_recipes_resolves_into_the_hub_cache(offline_builds):
@@ -159,12 +174,15 @@ def test_openai_tag_of_the_clip_recipes_resolves_into_the_hub_cache(offline_buil
     assert offline_builds["results"]["openai_file"] == str(expected)
 
 
-@pytest.mark.parametrize("name", ["timm_missing", "clip_missing"])
+@pytest.mark.parametrize("name", ["timm_missing", "clip_missing", "clip_url_missing"])
 def test_weights_missing_offline_fail_in_one_line_naming_the_cache(offline_builds, name):
     message = offline_builds["results"][name]
     assert message.startswith("PretrainedWeightsUnavailable: cannot load pretrained weights")
     assert "\n" not in message and "HF_HUB_OFFLINE=1" in message
-    assert str(offline_builds["home"] / "hub") in message
+    if name == "clip_url_missing":
+        assert str(offline_builds["home"] / ".cache" / "clip") in message
+    else:
+        assert str(offline_builds["home"] / "hub") in message
     if name == "timm_missing":
         assert str(offline_builds["home"] / "torch" / "hub" / "checkpoints") in message
 
