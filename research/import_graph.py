@@ -22,7 +22,7 @@ from pathlib import Path
 
 # Floors, lowest first: a room may import rooms on its own floor or below.
 FLOORS: list[tuple[str, ...]] = [
-    ("__init__", "dist", "precision", "native_build", "resources"),
+    ("__init__", "dist", "precision", "native_build", "resources", "lazy"),
     (
         "losses",
         "losses.fast_sap",
@@ -38,7 +38,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("modules",),
     ("training",),
     ("experiments", "commands"),
-    ("cli", "demo"),
+    ("cli", "demo", "help_cache"),
     ("recipes",),
 ]
 

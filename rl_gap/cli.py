@@ -3,25 +3,55 @@
 ``rl-gap fit|validate|test|predict --config recipe.yaml`` is a LightningCLI
 (every key overridable on the command line); ``rl-gap evaluate|extrapolate|
 linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
+
+Start-up: this module imports nothing heavy; a command imports what it uses.
+``--help`` of any command is printed from a cache once it has been built
+(:mod:`rl_gap.help_cache`): LightningCLI's help alone needs torch and Lightning.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
 from rl_gap.commands import COMMANDS
 
 
-def _run_command(name: str, argv: list[str], one_line_errors: bool = False) -> int:
-    """Run a plain sub-command; with ``one_line_errors`` (the console command) a bad input
-    (ValueError, OSError: a missing or damaged file, a bad option value, a full disk) is
-    one line on stderr and exit status 2, as argparse and ``rl-gap fit`` report them."""
+def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """End every option's help with its default, unless the help already states one.
+
+    Flags (``store_true``) and options without a default (None) are left as they are.
+    """
+    for action in parser._actions:
+        shown = action.help or ""
+        if (
+            not action.option_strings
+            or action.nargs == 0
+            or action.default in (None, argparse.SUPPRESS)
+            or action.help == argparse.SUPPRESS
+            or "default" in shown.lower()
+        ):
+            continue
+        action.help = f"{shown} (default: %(default)s)".strip()
+    return parser
+
+
+def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
+    """The argparse parser of sub-command ``name`` (its defaults shown in --help) and its module."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"rl-gap {name}", description=help_text)
     module.add_arguments(parser)
+    return show_defaults(parser), module
+
+
+def _run_command(name: str, argv: list[str], one_line_errors: bool = False) -> int:
+    """Run a plain sub-command; with ``one_line_errors`` (the console command) a bad input
+    (ValueError, OSError: a missing or damaged file, a bad option value, a full disk) is
+    one line on stderr and exit status 2, as argparse and ``rl-gap fit`` report them."""
+    parser, module = build_parser(name)
     args = parser.parse_args(argv)
     if not one_line_errors:
         return int(module.run(args) or 0)
@@ -50,6 +80,27 @@ def usage() -> str:
     )
 
 
+def _run_training_command(argv: list[str] | None) -> int:
+    # Every module class known to jsonargparse: short class names and --help list them.
+    import rl_gap.modules as modules
+    from rl_gap.training.cli import run_lightning_cli
+
+    for name in modules.__all__:
+        getattr(modules, name)
+    # LightningCLI reads sys.argv itself when called from the console script.
+    run_lightning_cli(argv)
+    return 0
+
+
+def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
+    """The help cache around a ``--help`` command line; nothing for any other."""
+    if not any(word in ("-h", "--help") for word in words):
+        return contextlib.nullcontext()
+    from rl_gap.help_cache import cached_help as cache
+
+    return cache(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if not words or words[0] in ("-h", "--help"):
@@ -57,16 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if words else 2
     if words[0] in COMMANDS:
         # main(argv) from Python raises; the console command prints input errors in one line
-        return _run_command(words[0], words[1:], one_line_errors=argv is None)
+        with cached_help(words):
+            return _run_command(words[0], words[1:], one_line_errors=argv is None)
     if not words[0].startswith("-") and words[0] not in TRAINING_COMMANDS:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
-    from rl_gap.training.cli import run_lightning_cli
-
-    # LightningCLI reads sys.argv itself when called from the console script.
-    run_lightning_cli(argv)
-    return 0
+    with cached_help(words):
+        return _run_training_command(argv)
 
 
 if __name__ == "__main__":

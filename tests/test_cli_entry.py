@@ -63,3 +63,21 @@ def test_console_input_errors_are_one_line_with_exit_2(tmp_path, monkeypatch, ca
     assert not any("Traceback" in line for line in err)
     with pytest.raises((ValueError, OSError), match=message.replace("(", r"\(")):
         main(argv)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_with_a_default_shows_it_in_help(name):
+    from rl_gap.cli import build_parser
+
+    parser, _ = build_parser(name)
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and action.default is not None:
+            assert "default" in (action.help or "").lower(), (name, action.option_strings)
+
+
+def test_knn_help_states_the_temperature_default(capsys, monkeypatch):
+    monkeypatch.setenv("RL_GAP_HELP_CACHE", "0")
+    with pytest.raises(SystemExit):
+        main(["knn", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "vote weight exp(s/T) (default: 0.07)" in text

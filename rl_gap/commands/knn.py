@@ -3,6 +3,15 @@
     rl-gap knn --checkpoint runs/.../last.ckpt --data imagefolder \\
         --train-dir /data/imagenet/train --val-dir /data/imagenet/val --k 10 20 100 200
     rl-gap knn --checkpoint runs/demo/mnist_moco_gsap/seed0/checkpoints/last.ckpt --data mnist5k
+    rl-gap knn --checkpoint runs/.../last.ckpt --config recipes/moco_v3/in1k_vit_s_gsap.yaml \\
+        --data-arg train_dir=/data/imagenet/train --data-arg val_dir=/data/imagenet/val
+
+With ``--config`` the datasets come from the recipe's DataModule (its ``data:``
+section, ``--data-arg KEY=VALUE`` overriding an argument) and the module class
+from its ``model:`` section; the DataModule must provide ``bank_set`` and
+``query_set`` (the MoCo v3 DataModules). Metric-learning DataModules are
+refused: their test classes are disjoint from the training classes, so there
+is nothing to classify them into.
 
 The training images (evaluation transform, no augmentation) form the labelled
 bank, the validation images are classified (Wu et al. 2018; DINO's protocol:
@@ -23,9 +32,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from rl_gap.metrics.knn import weighted_knn_accuracy
-
 DEFAULT_MODULE = "rl_gap.modules.moco_v3.MoCoV3Module"
+BUILT_IN_DATA = ("imagefolder", "mnist5k")
 
 
 # ------------------------------------------------------------ shared helpers
@@ -33,11 +41,28 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """Checkpoint + dataset options common to ``knn`` and ``linear-probe``."""
     parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt)")
     parser.add_argument(
-        "--module-class",
-        default=DEFAULT_MODULE,
-        help="LightningModule class path with a features(images) method (default: %(default)s)",
+        "--config",
+        help="training recipe (YAML): datasets from its DataModule, module class from its model",
     )
-    parser.add_argument("--data", choices=["imagefolder", "mnist5k"], default="imagefolder")
+    parser.add_argument(
+        "--data-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --config: set a DataModule argument (YAML value), e.g. root=/data/x; repeatable",
+    )
+    parser.add_argument(
+        "--module-class",
+        default=None,
+        help="LightningModule class path with a features(images) method "
+        f"(default: the recipe's model class, else {DEFAULT_MODULE})",
+    )
+    parser.add_argument(
+        "--data",
+        choices=BUILT_IN_DATA,
+        default=None,
+        help="without --config: a built-in source (default: imagefolder)",
+    )
     parser.add_argument("--train-dir", help="imagefolder: training images, <dir>/<class>/<image>")
     parser.add_argument("--val-dir", help="imagefolder: evaluated images, same layout")
     parser.add_argument("--image-size", type=int, default=224)
@@ -61,6 +86,86 @@ def load_module(checkpoint: str | Path, module_class: str = DEFAULT_MODULE, devi
     if not callable(getattr(module, "features", None)):
         raise ValueError(f"{module_class} has no features(images) method to evaluate")
     return module.to(device).eval()
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """A training recipe's top-level mapping (``trainer``, ``model``, ``data``, ...)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe {str(path)!r} not found")
+    recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(recipe, dict):
+        raise ValueError(f"recipe {str(path)!r} is not a YAML mapping")
+    return recipe
+
+
+def _data_overrides(pairs: list[str]) -> dict[str, Any]:
+    import yaml
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--data-arg wants KEY=VALUE, got {pair!r}")
+        overrides[key.removeprefix("init_args.")] = yaml.safe_load(value)
+    return overrides
+
+
+def datamodule_from_recipe(path: str | Path, overrides: dict[str, Any] | None = None):
+    """The recipe's DataModule, built from its ``data:`` section as ``rl-gap fit`` would
+    (jsonargparse: types checked, values coerced), with ``overrides`` on its init arguments."""
+    from jsonargparse import ArgumentParser
+    from lightning import LightningDataModule
+
+    section = read_recipe(path).get("data")
+    if not isinstance(section, dict) or "class_path" not in section:
+        raise ValueError(f"recipe {str(path)!r} has no data: section with a class_path")
+    init_args = {**(section.get("init_args") or {}), **(overrides or {})}
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningDataModule, "data", required=True)
+    try:
+        config = parser.parse_object(
+            {"data": {"class_path": section["class_path"], "init_args": init_args}}
+        )
+    except Exception as err:  # jsonargparse reports a bad key or value at length
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"data: section of {str(path)!r}: {first}") from err
+    return parser.instantiate_classes(config).data
+
+
+def recipe_datasets(path: str | Path, overrides: dict[str, Any] | None = None):
+    """(bank, queries) of a recipe's DataModule: its ``bank_set`` / ``query_set`` after setup."""
+    dm = datamodule_from_recipe(path, overrides)
+    if not hasattr(dm, "bank_set"):
+        raise ValueError(
+            f"{type(dm).__name__} (recipe {str(path)!r}) has no bank_set/query_set to classify: "
+            "kNN and the linear probe need evaluation images labelled with the training classes "
+            "(the MoCo v3 DataModules); a metric-learning split has disjoint test classes "
+            "(evaluate it with rl-gap validate/test)"
+        )
+    dm.setup("validate")
+    return dm.bank_set, dm.query_set
+
+
+def recipe_module_class(path: str | Path) -> str | None:
+    section = read_recipe(path).get("model")
+    return section.get("class_path") if isinstance(section, dict) else None
+
+
+def resolve_sources(args: argparse.Namespace) -> tuple[str, tuple[Dataset, Dataset]]:
+    """(module class path, (training images, evaluated images)) from the command line."""
+    if not Path(args.checkpoint).is_file():  # before reading any image
+        raise FileNotFoundError(f"checkpoint {str(args.checkpoint)!r} not found")
+    if args.config:
+        if args.data is not None:
+            raise ValueError("give either --config (a recipe's DataModule) or --data, not both")
+        datasets = recipe_datasets(args.config, _data_overrides(args.data_arg))
+        return args.module_class or recipe_module_class(args.config) or DEFAULT_MODULE, datasets
+    if args.data_arg:
+        raise ValueError("--data-arg sets a recipe's DataModule argument: it needs --config")
+    return args.module_class or DEFAULT_MODULE, evaluation_datasets(args)
 
 
 def evaluation_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset]:
@@ -92,8 +197,11 @@ def extract_features(
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     feats, labels = [], []
     for batch in loader:
-        feats.append(module.features(batch["image"].to(device)).float())
-        labels.append(torch.as_tensor(batch["label"]).long().to(device))
+        images, batch_labels = (
+            (batch["image"], batch["label"]) if isinstance(batch, dict) else batch[:2]
+        )
+        feats.append(module.features(images.to(device)).float())
+        labels.append(torch.as_tensor(batch_labels).long().to(device))
     if not feats:
         raise ValueError("the dataset is empty: no features to extract")
     return torch.cat(feats), torch.cat(labels)
@@ -116,12 +224,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rl_gap.metrics.functional.arguments import check_ks
+    from rl_gap.metrics.knn import weighted_knn_accuracy
 
     check_ks(args.k, "--k")
     if args.temperature <= 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
-    module = load_module(args.checkpoint, args.module_class, args.device)
-    bank_set, query_set = evaluation_datasets(args)
+    module_class, (bank_set, query_set) = resolve_sources(args)
+    module = load_module(args.checkpoint, module_class, args.device)
     too_large = [k for k in args.k if k > len(bank_set)]
     if too_large:
         # the classifier would use the whole bank and report it under the asked k

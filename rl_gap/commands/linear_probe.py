@@ -3,6 +3,9 @@
     rl-gap linear-probe --checkpoint runs/.../last.ckpt --data imagefolder \\
         --train-dir /data/imagenet/train --val-dir /data/imagenet/val --epochs 90
     rl-gap linear-probe --checkpoint runs/demo/mnist_moco_gsap/seed0/checkpoints/last.ckpt --data mnist5k
+    rl-gap linear-probe --checkpoint runs/.../last.ckpt --config recipes/demo/mnist_moco_gsap.yaml
+
+``--config`` takes the datasets from the recipe's DataModule (see ``rl-gap knn``).
 
 Features are extracted once (evaluation transform: resize + centre crop) and
 the probe, a single ``nn.Linear``, is trained on them with SGD (momentum 0.9,
@@ -27,11 +30,10 @@ from torch.nn import functional as F
 from rl_gap.commands.knn import (
     add_source_arguments,
     emit,
-    evaluation_datasets,
     extract_features,
     load_module,
+    resolve_sources,
 )
-from rl_gap.metrics.knn import topk_accuracy
 from rl_gap.optim import check_optimizer_settings
 
 
@@ -135,6 +137,8 @@ def train_linear_probe(
             loss.backward()
             optimizer.step()
             schedule.step()
+    from rl_gap.metrics.knn import topk_accuracy  # torchmetrics: not needed for --help
+
     result = LinearProbeResult(
         probe.weight.detach().clone(), probe.bias.detach().clone(), mean, std, {}
     )
@@ -162,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     for option, value in (("--epochs", args.epochs), ("--probe-batch-size", args.probe_batch_size)):
         if value < 1:
             raise ValueError(f"{option} must be >= 1, got {value}")
-    module = load_module(args.checkpoint, args.module_class, args.device)
-    train_set, val_set = evaluation_datasets(args)
+    module_class, (train_set, val_set) = resolve_sources(args)
+    module = load_module(args.checkpoint, module_class, args.device)
     train = extract_features(module, train_set, args.batch_size, args.num_workers, args.device)
     val = extract_features(module, val_set, args.batch_size, args.num_workers, args.device)
     result = train_linear_probe(

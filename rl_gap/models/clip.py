@@ -7,10 +7,14 @@ the learnable logit scale / bias belong to the *loss* (docs/definitions.md), so 
 open_clip model's own ``logit_scale`` is frozen and only read once, to start
 InfoNCE's learnable scale from the pretrained value.
 
-Everything works offline: the architecture comes from open_clip's bundled
-configs (``ViT-B-32``) or a config dict / JSON file, weights only from a local
-checkpoint file, and the tokenizer is open_clip's ``SimpleTokenizer`` (its BPE
-vocabulary ships with the package) unless the config names an HF tokenizer.
+The architecture comes from open_clip's bundled configs (``ViT-B-32``), a
+config dict / JSON file, or a Hub repository (``hf-hub:org/repo``, its
+``open_clip_config.json``). Weights come from a local checkpoint file, an
+open_clip pretrained tag (``openai``, ``laion2b_s34b_b79k``: open_clip's own
+registry, download and cache), or the ``hf-hub:`` repository; the module
+loads them strictly (every tensor must fit). The tokenizer is open_clip's
+``SimpleTokenizer`` (its BPE vocabulary ships with the package) unless the
+config names an HF tokenizer.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import nn
 
+from rl_gap.models.pretrained import fetching, hf_hub_cache, hub_offline, is_hub_name
 from rl_gap.precision import full_precision_normalize
 
 Tokenizer = Callable[..., torch.Tensor]
@@ -35,6 +40,8 @@ Tokenizer = Callable[..., torch.Tensor]
 # Lightning checkpoints of CLIPFineTuneModule store the open_clip model under
 # this attribute name; loading strips it so a fine-tuned run can seed another.
 MODULE_PREFIXES = ("module.", "clip.model.", "model.")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".npz")
+OPEN_CLIP_URL_CACHE = "~/.cache/clip"  # open_clip's cache for weights that are not on the Hub
 
 
 def resolve_model_config(
@@ -109,7 +116,8 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(
             f"CLIP checkpoint not found: {path} (expected a local .pt/.bin/.ckpt/.safetensors "
-            "file with an open_clip state dict; weights are never downloaded)"
+            "file with an open_clip state dict, an open_clip pretrained tag such as 'openai', "
+            "or an hf-hub: model name)"
         )
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -165,6 +173,86 @@ def load_clip_weights(model: nn.Module, path: str | os.PathLike) -> None:
         )
 
 
+def hub_model_source(model_name: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(open_clip_config.json, weights file, preprocess config) of an ``hf-hub:org/repo``
+    name, through open_clip's Hub download (Hugging Face cache)."""
+    repo = model_name.split(":", 1)[1]
+    with fetching(f"of {model_name!r}", [f"{hf_hub_cache()} (HF_HOME)"]):
+        config_file = open_clip.pretrained.download_pretrained_from_hf(
+            repo, filename="open_clip_config.json"
+        )
+        weights = open_clip.pretrained.download_pretrained_from_hf(repo)
+    with open(config_file, encoding="utf-8") as f:
+        full = json.load(f)
+    return full, weights, dict(full.get("preprocess_cfg") or {})
+
+
+def pretrained_tag_file(
+    model_name: str, tag: str, config: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The local file of open_clip's pretrained ``tag`` for ``model_name`` (downloaded into
+    open_clip's cache if missing) and the tag's registry entry (mean, std, quick_gelu).
+
+    Raises:
+        ValueError: a tag open_clip does not know for this model, or a tag trained with
+            QuickGELU on a config without it (the weights would load and compute wrongly).
+        PretrainedWeightsUnavailable: the weights are neither cached nor downloadable.
+    """
+    entry = open_clip.get_pretrained_cfg(model_name, tag)
+    if not entry:
+        tags = open_clip.list_pretrained_tags_by_model(model_name)
+        raise ValueError(
+            f"unknown open_clip pretrained tag {tag!r} for model {model_name!r} "
+            f"(its tags: {', '.join(tags) or 'none'}); or give a local checkpoint file"
+        )
+    if config is not None and bool(entry.get("quick_gelu", False)) != bool(
+        config.get("quick_gelu", False)
+    ):
+        wanted = "with" if entry.get("quick_gelu") else "without"
+        raise ValueError(
+            f"open_clip pretrained tag {tag!r} was trained {wanted} QuickGELU but model "
+            f"{model_name!r} is configured otherwise; use "
+            f"{model_name.removesuffix('-quickgelu') + ('-quickgelu' if wanted == 'with' else '')!r}"
+        )
+    on_hub = bool(entry.get("hf_hub")) and open_clip.pretrained.has_hf_hub()
+    cache = f"{hf_hub_cache()} (HF_HOME)" if on_hub else os.path.expanduser(OPEN_CLIP_URL_CACHE)
+    with fetching(f"{model_name} pretrained={tag!r}", [cache]):
+        if not on_hub and hub_offline():  # open_clip's URL download ignores HF_HUB_OFFLINE
+            target = os.path.join(cache, os.path.basename(entry.get("url", "")))
+            if not os.path.isfile(target):
+                raise FileNotFoundError(target)
+        path = open_clip.pretrained.download_pretrained(dict(entry))
+    return str(path), dict(entry)
+
+
+def resolve_pretrained(
+    model_name: str | None, pretrained: str | None, config: Mapping[str, Any] | None = None
+) -> tuple[str | None, dict[str, Any]]:
+    """(checkpoint file or None, preprocess settings) for ``pretrained``: a local file or
+    an open_clip pretrained tag of ``model_name``."""
+    if not pretrained:
+        return None, {}
+    text = str(pretrained)
+    path = Path(text).expanduser()
+    if path.is_file():
+        return str(path), {}
+    looks_like_path = (
+        os.sep in text
+        or "/" in text
+        or text.startswith(("~", "."))
+        or path.suffix in CHECKPOINT_SUFFIXES
+    )
+    if looks_like_path:
+        load_state_dict_file(path)  # raises the missing-file error
+    if model_name is None:
+        raise ValueError(
+            f"pretrained tag {text!r} needs an open_clip model_name (e.g. 'ViT-B-32'), "
+            "or give a local checkpoint file"
+        )
+    file, entry = pretrained_tag_file(str(model_name), text, config)
+    return file, {k: entry[k] for k in ("mean", "std") if k in entry}
+
+
 def _image_size(config: Mapping[str, Any]) -> int:
     size = config["vision_cfg"].get("image_size", 224)
     if isinstance(size, Sequence):
@@ -181,7 +269,10 @@ class CLIPEncoder(nn.Module):
         model_name: bundled open_clip architecture (``"ViT-B-32"``), or None
             when ``model_config`` is given.
         model_config: architecture dict or JSON path (see ``resolve_model_config``).
-        pretrained: local checkpoint path, or None for random initialisation.
+        pretrained: a local checkpoint file, an open_clip pretrained tag of ``model_name``
+            (``openai``, ``laion2b_s34b_b79k``; fetched through open_clip's download and
+            cache: ``HF_HOME``), or None for random initialisation. A ``model_name`` of
+            the form ``hf-hub:org/repo`` brings its own config and weights.
         grad_checkpointing: activation checkpointing in both towers.
 
     Attributes:
@@ -200,7 +291,19 @@ class CLIPEncoder(nn.Module):
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        config = resolve_model_config(model_name, model_config)
+        if is_hub_name(model_name):
+            if pretrained or model_config is not None:
+                raise ValueError(
+                    f"{model_name!r} names its own config and weights: leave pretrained and "
+                    "model_config empty"
+                )
+            hub_config, checkpoint, preprocess = hub_model_source(str(model_name))
+            config = resolve_model_config(None, hub_config)
+        else:
+            config = resolve_model_config(model_name, model_config)
+            checkpoint, preprocess = resolve_pretrained(model_name, pretrained, config)
+            if isinstance(model_config, Mapping):
+                preprocess = {**dict(model_config.get("preprocess_cfg") or {}), **preprocess}
         self.config = deepcopy(config)
         self.tokenizer = build_tokenizer(config)
         custom_text = (
@@ -214,8 +317,8 @@ class CLIPEncoder(nn.Module):
         config.pop("preprocess_cfg", None)
         self.model = model_cls(**config)
         self.pretrained_logit_scale: float | None = None
-        if pretrained:
-            load_clip_weights(self.model, pretrained)
+        if checkpoint:
+            load_clip_weights(self.model, checkpoint)
             self.pretrained_logit_scale = float(self.model.logit_scale.detach().reshape(-1)[0])
         # The loss owns the scale (and bias); the model's copies stay as loaded.
         self.model.logit_scale.requires_grad_(False)
@@ -224,7 +327,6 @@ class CLIPEncoder(nn.Module):
         if grad_checkpointing:
             self.model.set_grad_checkpointing(True)
         self.image_size = _image_size(config)
-        preprocess = self.config.get("preprocess_cfg", {})
         self.mean = tuple(preprocess.get("mean", OPENAI_DATASET_MEAN))
         self.std = tuple(preprocess.get("std", OPENAI_DATASET_STD))
 

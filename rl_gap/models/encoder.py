@@ -1,9 +1,11 @@
 """Image encoders for metric learning: a timm backbone + linear embedding head + L2 norm.
 
 Any timm model name works as the backbone (``resnet50``,
-``vit_base_patch16_224``, ...). Pretrained weights are read only from a local
-file (``weights: /data/resnet50_a1_in1k.safetensors``); nothing is downloaded.
-This file also registers ``rl_gap_convnet``, a four-layer CNN in timm's
+``vit_base_patch16_224``, ...). Pretrained weights come by name through timm's own
+download and cache (``pretrained: true`` with ``resnet50`` or ``resnet50.tv_in1k``;
+or a Hub name, ``backbone: hf-hub:timm/resnet50.tv_in1k``; see
+:mod:`rl_gap.models.pretrained`), or from a local file
+(``weights: /data/resnet50_a1_in1k.safetensors``). This file also registers ``rl_gap_convnet``, a four-layer CNN in timm's
 registry, so the CPU demo and the tests use the same code path as ResNet-50.
 """
 
@@ -18,6 +20,7 @@ import torch
 from timm.models import register_model
 from torch import nn
 
+from rl_gap.models.pretrained import fetching, hf_hub_cache, is_hub_name, torch_hub_checkpoints
 from rl_gap.precision import full_precision_normalize
 
 log = logging.getLogger(__name__)
@@ -74,7 +77,8 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(
             f"backbone weights file not found: {path} (expected a local .safetensors/.pth/.pt/.bin "
-            "state dict of the timm model; nothing is downloaded)"
+            "state dict of the timm model; for timm's own weights use pretrained=true or an "
+            "hf-hub: backbone name)"
         )
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -116,15 +120,41 @@ def load_backbone_weights(model: nn.Module, state: dict[str, torch.Tensor], sour
     model.load_state_dict({k: state[k] for k in own}, strict=True)
 
 
+def create_backbone(name: str, pretrained: bool, in_chans: int = 3, **kwargs: Any) -> nn.Module:
+    """A timm model without classifier, random or with timm's pretrained weights.
+
+    Pretrained weights are loaded by timm with its classifier in place (so its
+    load is strict: every tensor of the checkpoint must fit), then the
+    classifier is dropped.
+    """
+    if not is_hub_name(name) and not timm.is_model(name):
+        raise ValueError(f"unknown timm backbone {name!r} (see timm.list_models())")
+    if not pretrained:
+        with fetching(f"of the timm model {name!r}", [hf_hub_cache()]):  # a Hub config
+            return timm.create_model(
+                name, pretrained=False, num_classes=0, in_chans=in_chans, **kwargs
+            )
+    caches = [f"{hf_hub_cache()} (HF_HOME)", f"{torch_hub_checkpoints()} (TORCH_HOME)"]
+    with fetching(f"of the timm model {name!r}", caches):
+        model = timm.create_model(name, pretrained=True, in_chans=in_chans, **kwargs)
+    model.reset_classifier(0)
+    return model
+
+
 class EmbeddingEncoder(nn.Module):
     """timm backbone -> linear head to ``dim`` -> L2 normalisation.
 
     Args:
-        backbone: timm model name (``resnet50``, ``vit_base_patch16_224``, ``rl_gap_convnet``).
+        backbone: timm model name (``resnet50``, ``vit_base_patch16_224``, ``rl_gap_convnet``),
+            optionally with a pretrained tag (``resnet50.tv_in1k``), or a Hugging Face Hub
+            name (``hf-hub:timm/resnet50.tv_in1k``).
         dim: embedding size; 0 keeps the backbone's pooled features (no head).
-        weights: local file with the backbone's pretrained weights, or None for random init.
+        weights: local file with the backbone's pretrained weights, or None.
         in_chans: input image channels.
         backbone_kwargs: extra ``timm.create_model`` arguments (``drop_path_rate``, ``img_size``).
+        pretrained: load timm's pretrained weights for ``backbone`` (its default tag unless the
+            name carries one) through timm's download and cache (``HF_HOME``, ``TORCH_HOME``).
+            None (default): True for an ``hf-hub:`` name without ``weights``, else False.
 
     Shapes: ``forward(images (B, C, H, W)) -> (B, dim)`` with unit-norm rows,
     so ``a @ b.T`` is the cosine similarity used by every loss.
@@ -137,16 +167,18 @@ class EmbeddingEncoder(nn.Module):
         weights: str | None = None,
         in_chans: int = 3,
         backbone_kwargs: dict[str, Any] | None = None,
+        pretrained: bool | None = None,
     ) -> None:
         super().__init__()
-        if not timm.is_model(backbone):
-            raise ValueError(f"unknown timm backbone {backbone!r} (see timm.list_models())")
-        self.backbone = timm.create_model(
-            backbone,
-            pretrained=False,
-            num_classes=0,
-            in_chans=in_chans,
-            **(backbone_kwargs or {}),
+        if weights and pretrained:
+            raise ValueError(
+                f"give either weights (a local file: {weights!r}) or pretrained=True "
+                f"(timm's weights for {backbone!r}), not both"
+            )
+        if pretrained is None:
+            pretrained = is_hub_name(backbone) and not weights
+        self.backbone = create_backbone(
+            backbone, pretrained, in_chans=in_chans, **(backbone_kwargs or {})
         )
         if weights:
             load_backbone_weights(self.backbone, load_state_dict_file(weights), str(weights))

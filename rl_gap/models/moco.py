@@ -19,6 +19,8 @@ import timm
 import torch
 from torch import nn
 
+import rl_gap.models.encoder  # noqa: F401  (registers rl_gap_convnet in timm)
+
 
 def build_mlp(
     num_layers: int,

@@ -37,11 +37,14 @@ class MetricLearningModule(RankingModule):
     """timm encoder trained with a ranking loss on same-class relevance.
 
     Args:
-        backbone: timm model name (``resnet50``, ``vit_base_patch16_224``, ``rl_gap_convnet``).
+        backbone: timm model name (``resnet50``, ``vit_base_patch16_224``, ``rl_gap_convnet``),
+            ``name.tag``, or ``hf-hub:org/repo`` (see :class:`~rl_gap.models.EmbeddingEncoder`).
         dim: embedding size (linear head on the pooled features); 0 = no head.
         weights: local file with pretrained backbone weights; None = random init.
         in_chans: image channels (1 for MNIST).
         backbone_kwargs: extra ``timm.create_model`` arguments.
+        pretrained: timm's pretrained weights for ``backbone`` through timm's download and
+            cache; None = only for ``hf-hub:`` names.
         eval_plots: save (and send to W&B) the global PR curve and the
             per-query-threshold histogram at every evaluation.
         **kwargs: :class:`RankingModule` settings: ``loss``, ``optimizer``, ``lr``,
@@ -58,6 +61,7 @@ class MetricLearningModule(RankingModule):
         in_chans: int = 3,
         backbone_kwargs: dict[str, Any] | None = None,
         eval_plots: bool = True,
+        pretrained: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -68,6 +72,7 @@ class MetricLearningModule(RankingModule):
             weights=weights,
             in_chans=in_chans,
             backbone_kwargs=backbone_kwargs,
+            pretrained=pretrained,
         )
         self.eval_plots = eval_plots
 

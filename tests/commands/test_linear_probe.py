@@ -102,3 +102,36 @@ def test_linear_probe_options_checked_before_the_feature_pass(tmp_path, option):
             option, "0"]  # fmt: skip
     with pytest.raises(ValueError, match=f"{option} must be >= 1"):
         main(argv)
+
+
+def test_linear_probe_takes_the_datasets_of_a_recipes_datamodule(tmp_path):
+    from pathlib import Path
+
+    from rl_gap.commands.knn import extract_features
+    from rl_gap.data.ssl_mnist import MNIST5kSSLDataModule
+
+    torch.manual_seed(2)
+    module = MoCoV3Module(
+        backbone="vit_tiny_patch16_224",
+        backbone_kwargs=dict(img_size=28, patch_size=7, in_chans=1, depth=1, embed_dim=16,
+                             num_heads=2),
+        hidden_dim=32,
+        embed_dim=8,
+    )  # fmt: skip
+    ckpt = tmp_path / "tiny.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "pytorch-lightning_version": lightning.__version__}, ckpt)  # fmt: skip
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "mnist_moco_infonce.yaml"
+    out = tmp_path / "probe.json"
+    argv = ["linear-probe", "--checkpoint", str(ckpt), "--config", str(recipe), "--device", "cpu",
+            "--data-arg", "num_train=4500", "--epochs", "3", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["num_train"] == 4500 and result["num_val"] == 500
+    dm = MNIST5kSSLDataModule(num_train=4500, crop_min=0.3, batch_size=256, eval_batch_size=500)
+    dm.setup("validate")
+    module.eval()
+    reference = train_linear_probe(
+        *extract_features(module, dm.bank_set), *extract_features(module, dm.query_set), epochs=3
+    )
+    assert result["top1"] == pytest.approx(reference.metrics["top1"], abs=1e-12)

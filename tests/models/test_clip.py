@@ -100,7 +100,7 @@ def test_loads_weights_from_local_checkpoint(saved_checkpoint):
 
 
 def test_checkpoint_errors(tmp_path, saved_checkpoint):
-    with pytest.raises(FileNotFoundError, match="never downloaded"):
+    with pytest.raises(FileNotFoundError, match="CLIP checkpoint not found"):
         CLIPEncoder(None, tiny_clip_config(), pretrained=str(tmp_path / "nope.pt"))
     path, _ = saved_checkpoint
     with pytest.raises(ValueError, match="does not match the model architecture"):

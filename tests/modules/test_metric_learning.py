@@ -50,7 +50,7 @@ def test_backbone_weights_from_local_file(tmp_path, suffix):
 
 
 def test_backbone_weights_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+    with pytest.raises(FileNotFoundError, match="weights file not found"):
         EmbeddingEncoder(**TINY, weights=str(tmp_path / "missing.pth"))
     wrong = EmbeddingEncoder(**{**TINY, "backbone_kwargs": {"width": 6}})
     torch.save(wrong.backbone.state_dict(), tmp_path / "wrong.pth")

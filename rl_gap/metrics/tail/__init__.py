@@ -25,21 +25,35 @@ est.map, est.ci, est.per_query
 ```
 """
 
-from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
-from rl_gap.metrics.tail.estimate import (
-    DEFAULT_ESTIMATOR,
-    ESTIMATORS,
-    HARDNESS_ESTIMATORS,
-    TailEstimate,
-    bootstrap_ci,
-    check_positive_scores,
-)
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
-from rl_gap.metrics.tail.metric import TailExtrapolatedMAP
-from rl_gap.metrics.tail.plot import plot_extrapolation
-from rl_gap.metrics.tail.predict import predict_map, state_from_scores
-from rl_gap.metrics.tail.predictor import TailPredictor
-from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rl_gap.lazy import lazy_exports
+
+# Names load on first use: `rl-gap extrapolate` does not import torchmetrics (``metric``)
+# or matplotlib (``plot``) until it needs them.
+_EXPORTS = {
+    "DEFAULT_BAYES": ".bayes",
+    "DEFAULT_CONFIG": ".hardness",
+    "DEFAULT_ESTIMATOR": ".estimate",
+    "DEFAULT_FRACTIONS": ".sampling",
+    "ESTIMATORS": ".estimate",
+    "HARDNESS_ESTIMATORS": ".estimate",
+    "BayesTailConfig": ".bayes",
+    "NestedTopK": ".sampling",
+    "TailConfig": ".hardness",
+    "TailEstimate": ".estimate",
+    "TailExtrapolatedMAP": ".metric",
+    "TailPredictor": ".predictor",
+    "bootstrap_ci": ".estimate",
+    "check_positive_scores": ".estimate",
+    "hash_uniform": ".sampling",
+    "plot_extrapolation": ".plot",
+    "predict_map": ".predict",
+    "state_from_scores": ".predict",
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
     "DEFAULT_BAYES",
@@ -61,3 +75,20 @@ __all__ = [
     "predict_map",
     "state_from_scores",
 ]
+
+if TYPE_CHECKING:
+    from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
+    from rl_gap.metrics.tail.estimate import (
+        DEFAULT_ESTIMATOR,
+        ESTIMATORS,
+        HARDNESS_ESTIMATORS,
+        TailEstimate,
+        bootstrap_ci,
+        check_positive_scores,
+    )
+    from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+    from rl_gap.metrics.tail.metric import TailExtrapolatedMAP
+    from rl_gap.metrics.tail.plot import plot_extrapolation
+    from rl_gap.metrics.tail.predict import predict_map, state_from_scores
+    from rl_gap.metrics.tail.predictor import TailPredictor
+    from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform

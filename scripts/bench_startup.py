@@ -1,0 +1,154 @@
+"""Start-up time of ``rl-gap`` commands and imports, with ``python -X importtime`` detail.
+
+    python scripts/bench_startup.py                       # this checkout, 3 runs each
+    python scripts/bench_startup.py --before /work/main   # the same figures for another checkout
+    python scripts/bench_startup.py --importtime "fit --help" --top 15
+
+Each figure is the median wall time of fresh processes (``python -m rl_gap.cli ...``
+or ``python -c "import ..."``). ``--help`` runs twice over: "cold" with an empty
+help cache (the first call on a machine, every import paid) and "warm" (the
+cache written by the previous call, :mod:`rl_gap.help_cache`). The last column
+divides by ``import torch`` measured in the same run, which makes figures from
+a loaded machine comparable. "rl_gap.losses beyond torch" is the cumulative
+``-X importtime`` of ``rl_gap.losses`` imported after ``torch`` (what the package
+adds). ``--importtime`` lists the top-level packages with the largest cumulative
+import time for one command (nested packages are counted inside their importer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = {
+    "import torch": ["-c", "import torch"],
+    "import rl_gap.losses": ["-c", "import rl_gap.losses"],
+    "import lightning": ["-c", "import lightning"],
+    "rl-gap --help": ["-m", "rl_gap.cli", "--help"],
+    "rl-gap fit --help": ["-m", "rl_gap.cli", "fit", "--help"],
+    "rl-gap extrapolate --help": ["-m", "rl_gap.cli", "extrapolate", "--help"],
+}
+
+
+def _env(checkout: Path, cache: str | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "WANDB_MODE": "offline"}
+    if cache is None:
+        env["RL_GAP_HELP_CACHE"] = "0"
+    else:
+        env["RL_GAP_CACHE_DIR"] = cache
+        env.pop("RL_GAP_HELP_CACHE", None)
+    return env
+
+
+def _run(args: list[str], checkout: Path, cache: str | None) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=checkout, env=_env(checkout, cache), capture_output=True
+    )
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed in {checkout}: {proc.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def measure(checkout: Path, repeats: int) -> dict[str, dict[str, float]]:
+    """{case: {"cold": s, "warm": s}} medians; imports have "cold" only."""
+    figures: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in CASES.items():
+            help_case = "--help" in args
+            cold = []
+            for i in range(repeats):
+                cache = os.path.join(tmp, f"{name}-{i}") if help_case else None
+                cold.append(_run(args, checkout, cache))
+            figures[name] = {"cold": statistics.median(cold)}
+            if help_case:
+                warm_cache = os.path.join(tmp, f"{name}-0")  # filled by the first cold run
+                warm = [_run(args, checkout, warm_cache) for _ in range(repeats)]
+                figures[name]["warm"] = statistics.median(warm)
+    return figures
+
+
+def importtime_rows(args: list[str], checkout: Path) -> list[tuple[float, str]]:
+    """(cumulative s, module as printed, indentation kept) of ``python -X importtime args``."""
+    with tempfile.TemporaryDirectory() as tmp:  # an empty help cache: the imports happen
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", *args],
+            cwd=checkout,
+            env=_env(checkout, tmp),
+            capture_output=True,
+            text=True,
+        )
+    rows = []
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            _, cumulative, module = line.split("|", 2)
+            if cumulative.strip().isdigit():
+                rows.append((int(cumulative) / 1e6, module.rstrip()))
+    return rows
+
+
+def importtime_top(command: str, checkout: Path, top: int) -> list[tuple[float, str]]:
+    """The ``top`` top-level packages by cumulative import time (s) of ``command`` (a CASES
+    key without the ``rl-gap`` prefix, e.g. ``fit --help``, or ``import x``)."""
+    if command.startswith("import "):
+        args = ["-c", command]
+    else:
+        args = ["-m", "rl_gap.cli", *command.split()]
+    rows = [(t, m.strip()) for t, m in importtime_rows(args, checkout) if "." not in m]
+    return sorted(rows, reverse=True)[:top]
+
+
+def losses_beyond_torch(checkout: Path) -> float:
+    """Cumulative import time (s) of ``rl_gap.losses`` once torch is imported."""
+    rows = importtime_rows(["-c", "import torch; import rl_gap.losses"], checkout)
+    return next(t for t, m in rows if m.strip() == "rl_gap.losses")
+
+
+def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    lines = [
+        "| checkout | command | cold s | warm (cached help) s | cold / import torch |",
+        "|---|---|---|---|---|",
+    ]
+    for label, figures in results.items():
+        torch_s = figures["import torch"]["cold"]
+        for name, f in figures.items():
+            warm = f"{f['warm']:.2f}" if "warm" in f else "-"
+            lines.append(
+                f"| {label} | `{name}` | {f['cold']:.2f} | {warm} | {f['cold'] / torch_s:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--before", type=Path, help="another checkout to measure the same way")
+    parser.add_argument("--importtime", help="command for the -X importtime listing")
+    parser.add_argument("--top", type=int, default=12, help="modules in that listing")
+    args = parser.parse_args()
+    results = {}
+    if args.before:
+        results[f"before ({args.before})"] = measure(args.before.resolve(), args.repeats)
+    results[f"this ({ROOT})"] = measure(ROOT, args.repeats)
+    print(table(results))
+    checkouts = ([("before", args.before.resolve())] if args.before else []) + [("this", ROOT)]
+    for label, checkout in checkouts:
+        print(f"\nrl_gap.losses beyond torch ({label}): {losses_beyond_torch(checkout):.3f} s")
+    if args.importtime:
+        for label, checkout in checkouts:
+            print(f"\n`python -X importtime` of {args.importtime!r} ({label}): cumulative s")
+            for seconds, module in importtime_top(args.importtime, checkout, args.top):
+                print(f"  {seconds:7.2f}  {module}")
+
+
+if __name__ == "__main__":
+    main()
