@@ -10,6 +10,7 @@ import csv
 import inspect
 import json
 import math
+import os
 import re
 import statistics
 import subprocess
@@ -72,8 +73,10 @@ def stage_tests(device: str, out: Path, sizes: dict) -> dict:
     xml = out / "tests.xml"
     files = device_test_files()
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not slow"]
+    # no plugin autoload: a plugin installed here but absent there (xdist) must not matter
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     run = subprocess.run(
-        cmd + ["--junitxml", str(xml), *files], cwd=ROOT, capture_output=True, text=True
+        cmd + ["--junitxml", str(xml), *files], cwd=ROOT, capture_output=True, text=True, env=env
     )
     (out / "tests.log").write_text(run.stdout + run.stderr)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "real_cuda": 0}
@@ -259,7 +262,7 @@ def stage_micro_batch(device: str, out: Path, sizes: dict) -> dict:
     batch_size, micro = sizes["micro"]
     kwargs = dict(
         backbone="vit_tiny_patch16_224",  # LayerNorm only: micro-batches change no statistics
-        backbone_kwargs=dict(img_size=28, patch_size=7, in_chans=1, depth=2, embed_dim=96,
+        backbone_kwargs=dict(img_size=28, patch_size=7, depth=2, embed_dim=96,
                              num_heads=3),
         in_chans=1, dim=64, eval_plots=False, loss={"name": "gsap", "temperature": 0.01},
     )  # fmt: skip
