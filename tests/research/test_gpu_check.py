@@ -164,3 +164,20 @@ def test_cpu_rehearsal_runs_every_stage(tmp_path):
     assert stages["micro_batch"]["status"] in ("pass", "skip")
     table = (out / "summary.md").read_text()
     assert "| stage | status |" in table and "| recipe:glyphs_gsap | pass |" in table
+
+
+def test_metric_comparison_and_logged_row(tmp_path):
+    import gpu_check_stages as stages
+
+    a = {"gap": 0.5, "map": float("nan"), "r@1": 0.25}
+    assert stages.max_difference(a, {"gap": 0.5, "map": float("nan"), "r@1": 0.2}, list(a)) == (
+        pytest.approx(0.05),
+        "r@1",
+    )
+    assert stages.max_difference(a, {**a, "map": 0.1}, list(a)) == (float("inf"), "map")
+    csv_dir = tmp_path / "run" / "version_0"
+    csv_dir.mkdir(parents=True)
+    (csv_dir / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/gap,val/r@1\n0,1,0.5,,\n0,1,,0.25,0.5\n0,2,0.4,,\n"
+    )
+    assert stages.logged_metrics(tmp_path / "run") == {"val/gap": 0.25, "val/r@1": 0.5}
