@@ -58,7 +58,7 @@ SIZES = {
                   "--repeats", "3"],
         "micro": (4096, 512),
         "micro_repeats": 3,
-        "limits": {"tests": 120, "recipe": 75, "bench": 110, "micro_batch": 45},
+        "limits": {"tests": 100, "recipe": 85, "bench": 80, "micro_batch": 25},
         "budget": 460,
     },
     "cpu": {
