@@ -146,7 +146,8 @@ def max_difference(a: dict, b: dict, keys: list[str]) -> tuple[float, str]:
     worst, name = 0.0, ""
     for k in keys:
         x, y = float(a[k]), float(b[k])
-        diff = 0.0 if (math.isnan(x) and math.isnan(y)) else abs(x - y)
+        same = x == y or (math.isnan(x) and math.isnan(y))  # equal infinities (no threshold)
+        diff = 0.0 if same else abs(x - y)
         if not diff <= worst:  # NaN against a number counts as a failure
             worst, name = (math.inf if math.isnan(diff) else diff), k
     return worst, name
@@ -176,7 +177,7 @@ def stage_recipe(name: str, device: str, out: Path, sizes: dict) -> dict:
         emb_dir = run_dir / "embeddings" / split
         tag = f"{split}-{query or 'all'}"
         on_cpu = evaluate(emb_dir, query, database, "cpu", out / f"{name}-{tag}-cpu.json")
-        on_dev = evaluate(emb_dir, query, database, device, out / f"{name}-{tag}-{device}.json")
+        on_dev = evaluate(emb_dir, query, database, device, out / f"{name}-{tag}-device.json")
         keys = [k for k in on_cpu if f"{prefix}{k}" in logged]
         if not keys:
             problems.append(f"no logged {prefix}* metric matches rl-gap evaluate's keys")

@@ -175,6 +175,9 @@ def test_metric_comparison_and_logged_row(tmp_path):
         "r@1",
     )
     assert stages.max_difference(a, {**a, "map": 0.1}, list(a)) == (float("inf"), "map")
+    inf = {"threshold_p90": float("inf")}  # no threshold reaches the precision, on both sides
+    assert stages.max_difference(inf, dict(inf), list(inf)) == (0.0, "")
+    assert stages.max_difference(inf, {"threshold_p90": 0.9}, list(inf))[0] == float("inf")
     csv_dir = tmp_path / "run" / "version_0"
     csv_dir.mkdir(parents=True)
     (csv_dir / "metrics.csv").write_text(
