@@ -158,7 +158,7 @@ def test_cpu_rehearsal_runs_every_stage(tmp_path):
     for name in gpu_check.STAGES:
         if name.startswith("recipe:"):
             s = stages[name]
-            assert s["metrics_compared"] >= 6, s
+            assert s["metrics_compared"] >= 4, s
             assert s["max_diff_logged_vs_cpu"] <= 1e-4 and s["max_diff_device_vs_cpu"] <= 1e-4
     assert {r["name"] for r in stages["bench"]["rows"]} >= {"infonce", "gsap fast"}
     assert stages["micro_batch"]["status"] in ("pass", "skip")
