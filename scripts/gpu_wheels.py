@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import email.parser
 import importlib.metadata
+import importlib.util
 import re
 import subprocess
 import sys
@@ -178,6 +179,9 @@ def install(wheels: list[Path], target: Path, for_target_python: bool) -> None:
     ``for_target_python``: install for CPython 3.12 manylinux x86-64 whatever runs pip (the
     CPU rehearsal on another interpreter proves the files install; it cannot import them).
     """
+    if not for_target_python and importlib.util.find_spec("pip") is None:
+        unpack(wheels, target)
+        return
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
     cmd += ["--disable-pip-version-check", "--no-compile", "--target", str(target)]
     if for_target_python:
@@ -186,6 +190,27 @@ def install(wheels: list[Path], target: Path, for_target_python: bool) -> None:
     if out.returncode != 0:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"pip install of {len(wheels)} wheels failed: {tail[0]}")
+
+
+def unpack(wheels: list[Path], target: Path) -> None:
+    """Install without pip (a Python that lacks it): a wheel is a zip of its importable tree
+    (PEP 427); ``<name>.data/purelib|platlib/`` go to the root, other ``.data`` (scripts, man
+    pages) are left out."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.infolist():
+                parts = member.filename.split("/")
+                if parts[0].endswith(".data"):
+                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                        continue
+                    parts = parts[2:]
+                if member.is_dir() or ".." in parts or not parts[-1]:
+                    continue
+                dest = target.joinpath(*parts)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(zf.read(member))
+                if member.external_attr >> 16 & 0o111:
+                    dest.chmod(0o755)
 
 
 def download(folder: Path = WHEEL_DIR, pins: list[Pin] | None = None) -> WheelReport:

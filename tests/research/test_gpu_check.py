@@ -184,3 +184,17 @@ def test_metric_comparison_and_logged_row(tmp_path):
         "epoch,step,train/loss,val/gap,val/r@1\n0,1,0.5,,\n0,1,,0.25,0.5\n0,2,0.4,,\n"
     )
     assert stages.logged_metrics(tmp_path / "run") == {"val/gap": 0.25, "val/r@1": 0.5}
+
+
+def test_unpack_without_pip(tmp_path):
+    wheel = make_wheel(tmp_path, "demo-pkg", "1.0")
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("demo_pkg/__init__.py", "VALUE = 3\n")
+        zf.writestr("demo_pkg-1.0.data/purelib/demo_extra.py", "EXTRA = 4\n")
+        zf.writestr("demo_pkg-1.0.data/scripts/demo", "#!/bin/sh\n")
+    target = tmp_path / "site"
+    gpu_wheels.unpack([wheel], target)
+    assert (target / "demo_pkg" / "__init__.py").read_text() == "VALUE = 3\n"
+    assert (target / "demo_extra.py").read_text() == "EXTRA = 4\n"
+    assert (target / "demo_pkg-1.0.dist-info" / "METADATA").is_file()
+    assert not list(target.glob("*.data")) and not (target / "demo").exists()
