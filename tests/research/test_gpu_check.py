@@ -154,7 +154,7 @@ def test_cpu_rehearsal_runs_every_stage(tmp_path):
     assert list(stages) == ["wheels", *gpu_check.STAGES]
     assert len(stages["wheels"]["installed"]) == len(gpu_wheels.read_pins())
     assert "modules hidden" in stages["wheels"]["detail"]
-    assert stages["tests"]["passed"] > 50 and stages["tests"]["failed"] == 0
+    assert stages["tests"]["passed"] >= 40 and stages["tests"]["failed"] == 0
     for name in gpu_check.STAGES:
         if name.startswith("recipe:"):
             s = stages[name]
