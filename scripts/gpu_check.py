@@ -54,15 +54,18 @@ STAGES += ["bench", "micro_batch"]
 SIZES = {
     "cuda": {
         "steps": 30,
+        # the real-device tests and the precision tests (the fake-device ones run in CI)
+        "tests_select": "real_cuda or precision",
         "bench": ["--batches", "4096", "16384", "--alphas", "0", "0.9", "--engine-size", "60000",
                   "--repeats", "3"],
         "micro": (4096, 512),
         "micro_repeats": 3,
-        "limits": {"tests": 100, "recipe": 85, "bench": 80, "micro_batch": 25},
+        "limits": {"tests": 110, "recipe": 80, "bench": 80, "micro_batch": 25},
         "budget": 460,
     },
     "cpu": {
         "steps": 2,
+        "tests_select": None,
         "bench": ["--batches", "64", "--alphas", "0", "0.9", "--engine-size", "500", "--dim",
                   "32", "--repeats", "1"],
         "micro": (32, 8),

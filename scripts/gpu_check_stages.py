@@ -73,6 +73,8 @@ def stage_tests(device: str, out: Path, sizes: dict) -> dict:
     xml = out / "tests.xml"
     files = device_test_files()
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not slow"]
+    if sizes["tests_select"]:
+        cmd += ["-k", sizes["tests_select"]]
     # no plugin autoload: a plugin installed here but absent there (xdist) must not matter
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     run = subprocess.run(
@@ -96,6 +98,7 @@ def stage_tests(device: str, out: Path, sizes: dict) -> dict:
     detail = (
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
         f"({counts['real_cuda']} on the real device) in {len(files)} files"
+        + (f" (-k '{sizes['tests_select']}')" if sizes["tests_select"] else "")
     )
     if failed:
         detail += "; failing: " + ", ".join(failed[:5]) + (" ..." if len(failed) > 5 else "")
