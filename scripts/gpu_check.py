@@ -251,9 +251,8 @@ def write_summary(out: Path, env: dict, stages: list[dict]) -> str:
     ]
     for s in stages:
         detail = str(s.get("detail", "")).replace("|", "/")
-        lines.append(
-            f"| {s['name']} | {s['status']} | {s['seconds']:.0f} | {s['limit']:.0f} | {detail} |"
-        )
+        limit = f"{s['limit']:.0f}" if s["limit"] else "-"
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.0f} | {limit} | {detail} |")
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     summary = {"passed": ok, **env, "stages": stages}

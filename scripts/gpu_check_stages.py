@@ -193,8 +193,8 @@ def stage_recipe(name: str, device: str, out: Path, sizes: dict) -> dict:
         if not diff <= METRIC_TOLERANCE:
             problems.append(f"{label} vs CPU evaluation differs by {diff:.2e} on {key}")
     detail = (
-        f"fit {sizes['steps']} steps in {fit_s:.0f} s; {compared} logged metrics vs CPU evaluation "
-        f"max |diff| {worst_logged[0]:.1e}, {device} vs CPU evaluation {worst_device[0]:.1e} "
+        f"fit {sizes['steps']} steps in {fit_s:.0f} s; {compared} logged metrics vs CPU evaluation: "
+        f"max abs diff {worst_logged[0]:.1e}; {device} vs CPU evaluation: {worst_device[0]:.1e} "
         f"(tolerance {METRIC_TOLERANCE:g})"
     )
     if problems:
