@@ -198,3 +198,19 @@ def test_unpack_without_pip(tmp_path):
     assert (target / "demo_extra.py").read_text() == "EXTRA = 4\n"
     assert (target / "demo_pkg-1.0.dist-info" / "METADATA").is_file()
     assert not list(target.glob("*.data")) and not (target / "demo").exists()
+
+
+def test_bare_machine_view_hides_what_the_wheels_do_not_bring(tmp_path):
+    pins = {gpu_wheels.normalise(p.name) for p in gpu_wheels.read_pins()}
+    allowed = gpu_check.machine_closure() | (pins - {"rich"})
+    assert {"torch", "lightning", "timm", "scipy", "numpy"} <= allowed
+    blocked = gpu_check.bare_site(tmp_path, allowed)
+    assert "rich" in blocked and "wandb" in blocked and "torch" not in blocked
+    probe = (
+        "import importlib.util, sys, yaml\n"
+        "assert importlib.util.find_spec('rich') is None and importlib.util.find_spec('yaml')\n"
+        "try:\n    import wandb\nexcept ModuleNotFoundError:\n    sys.exit(0)\nsys.exit(3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
