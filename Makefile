@@ -9,7 +9,7 @@ export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 export PYTHONHASHSEED ?= 0
 
-.PHONY: venv test test-all demo lint bench clean
+.PHONY: venv test test-all demo lint bench clean gpu-check gpu-wheels
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,19 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rl_gap tests scripts research
 	$(VENV)/bin/ruff format --check rl_gap tests scripts research
+
+# GPU check (docs/gpu.md): `make gpu-wheels` here fills .wheels/ with what a bare GPU machine
+# lacks; `make gpu-check` there proves a GPU run in under 8 minutes (DEVICE=cpu rehearses it).
+# No venv bootstrap: the machine's own Python and torch (the local .venv where there is one).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+DEVICE ?= cuda
+GPU_CHECK_OUT ?= runs/gpu-check
+
+gpu-wheels:
+	$(GPU_PYTHON) scripts/gpu_wheels.py download
+
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py --device $(DEVICE) --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

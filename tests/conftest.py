@@ -17,9 +17,29 @@ def run_dir(tmp_path, monkeypatch):
     return out
 
 
+def _cuda_kinds() -> list[str]:
+    import torch
+
+    return ["fake_cuda", "real_cuda"] if torch.cuda.is_available() else ["fake_cuda"]
+
+
+@pytest.fixture(params=_cuda_kinds())
+def fake_cuda(request):
+    """A CUDA device for device tests: the fake one (``tests/fake_cuda.py``: tensors compute on
+    the CPU, report ``cuda:0``) always, and the real ``cuda:0`` too where one exists (test ids
+    ``[fake_cuda]`` / ``[real_cuda]``; ``make gpu-check`` runs them on a GPU machine)."""
+    from fake_cuda import RealCuda, fake_cuda_session
+
+    if request.param == "real_cuda":
+        yield RealCuda()
+        return
+    with fake_cuda_session() as device:
+        yield device
+
+
 @pytest.fixture
-def fake_cuda():
-    """A fake CUDA device (``tests/fake_cuda.py``): tensors compute on the CPU, report ``cuda:0``."""
+def fake_cuda_device():
+    """The fake CUDA device only: for the tests of the fake device itself."""
     from fake_cuda import fake_cuda_session
 
     with fake_cuda_session() as device:

@@ -28,7 +28,8 @@ Gradients computed by the autograd engine are plain CPU tensors internally; insi
 pass plain tensors therefore count as being on the fake device, and a fake-CUDA tensor's
 ``.grad`` reads back as fake-CUDA.
 
-Use the ``fake_cuda`` pytest fixture (``tests/conftest.py``): it activates the mode, replaces
+Use the ``fake_cuda`` pytest fixture (``tests/conftest.py``; on a machine with a GPU it also
+runs each test on the real device, through :class:`RealCuda`): it activates the mode, replaces
 ``torch.Generator`` and makes ``nn.Module.to("cuda")`` swap parameters (so they report the
 fake device). ``fake_cuda.available()`` additionally reports ``torch.cuda.is_available()`` as
 True for code that branches on it.
@@ -332,6 +333,23 @@ class FakeCuda:
             mock.patch.object(torch.cuda, "device_count", lambda: 1),
         ):
             yield
+
+
+class RealCuda:
+    """The same handle for the real ``cuda:0`` (what the fixture yields on a GPU machine)."""
+
+    device = CUDA0
+
+    def tensor(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to("cuda")
+
+    @staticmethod
+    def is_fake(x: Any) -> bool:
+        return False
+
+    @contextmanager
+    def available(self) -> Iterator[None]:
+        yield
 
 
 @contextmanager

@@ -1,4 +1,7 @@
-"""The fake CUDA device itself: it must raise where a GPU raises and compute like the CPU."""
+"""The fake CUDA device itself: it must raise where a GPU raises and compute like the CPU.
+
+These use ``fake_cuda_device`` (never the real device: they check the fake one's types).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import torch
 from fake_cuda import FakeCudaGenerator, FakeCudaTensor
 
 
-def test_factories_and_transfers(fake_cuda):
+def test_factories_and_transfers(fake_cuda_device):
     x = torch.arange(6.0, device="cuda").reshape(2, 3)
     assert isinstance(x, FakeCudaTensor) and x.is_cuda and x.device == torch.device("cuda", 0)
     assert torch.zeros(2, device=x.device).is_cuda
@@ -29,7 +32,7 @@ def test_factories_and_transfers(fake_cuda):
     assert x.to(torch.float64).is_cuda and x.double().dtype == torch.float64
 
 
-def test_mixing_devices_raises(fake_cuda):
+def test_mixing_devices_raises(fake_cuda_device):
     x = torch.ones(3, device="cuda")
     with pytest.raises(RuntimeError, match="same device"):
         x + torch.ones(3)
@@ -46,14 +49,14 @@ def test_mixing_devices_raises(fake_cuda):
     assert host.tolist() == [1.0, 1.0, 1.0] and not host.is_cuda
 
 
-def test_numpy_raises_item_works(fake_cuda):
+def test_numpy_raises_item_works(fake_cuda_device):
     x = torch.ones(2, device="cuda")
     with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
         x.numpy()
     assert x.sum().item() == 2.0 and x.cpu().numpy().tolist() == [1.0, 1.0]
 
 
-def test_generators(fake_cuda):
+def test_generators(fake_cuda_device):
     g = torch.Generator(device="cuda")
     assert isinstance(g, FakeCudaGenerator) and g.device.type == "cuda"
     g.manual_seed(0)
@@ -67,7 +70,7 @@ def test_generators(fake_cuda):
         torch.rand(4, generator=g)
 
 
-def test_autograd_and_modules(fake_cuda):
+def test_autograd_and_modules(fake_cuda_device):
     lin = torch.nn.Linear(3, 2).to("cuda")
     assert lin.weight.is_cuda and isinstance(lin.weight, torch.nn.Parameter)
     x = torch.randn(4, 3, device="cuda", requires_grad=True)
@@ -81,6 +84,15 @@ def test_autograd_and_modules(fake_cuda):
     torch.testing.assert_close(x.grad.cpu(), ref @ lin.weight.detach().cpu())
 
 
-def test_availability_is_opt_in(fake_cuda):
-    with fake_cuda.available():
+def test_availability_is_opt_in(fake_cuda_device):
+    with fake_cuda_device.available():
         assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+
+
+def test_device_tests_also_run_on_a_real_gpu(monkeypatch):
+    from tests.conftest import _cuda_kinds
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _cuda_kinds() == ["fake_cuda"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _cuda_kinds() == ["fake_cuda", "real_cuda"]

@@ -42,6 +42,8 @@ class PrecisionRecorder(TorchDispatchMode):
 
 
 IEEE = "ieee/ieee"
+# On a GPU machine (`make gpu-check`) the comparisons also run on cuda:0, where TF32 is real.
+DEVICES = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
 @pytest.fixture
@@ -80,11 +82,11 @@ def test_context_sets_and_restores_global_precision():
         torch.set_float32_matmul_precision(previous)
 
 
-def data(n: int = 48, d: int = 16, seed: int = 0):
+def data(n: int = 48, d: int = 16, seed: int = 0, device: str = "cpu"):
     g = torch.Generator().manual_seed(seed)
     labels = torch.arange(n) // 4
     emb = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1)
-    return emb, labels
+    return emb.to(device), labels.to(device)
 
 
 LOSSES = [
@@ -99,11 +101,11 @@ LOSSES = [
 ]
 
 
-def everything(record: PrecisionRecorder | None = None) -> dict:
+def everything(device: str = "cpu") -> dict:
     """Every loss value/gradient and metric the test compares, from one embedding batch."""
-    emb, labels = data()
+    emb, labels = data(device=device)
     out: dict = {}
-    valid = ~torch.eye(len(labels), dtype=torch.bool)
+    valid = ~torch.eye(len(labels), dtype=torch.bool, device=device)
     rel = (labels[:, None] == labels[None, :]) & valid
     for name, kwargs in LOSSES:
         x = emb.clone().requires_grad_(True)
@@ -114,13 +116,14 @@ def everything(record: PrecisionRecorder | None = None) -> dict:
     out["eval"] = evaluate_embeddings(emb, emb, labels, labels, exclude_self=True, block_size=16)
     out["knn"] = weighted_knn_scores(emb[:10], emb[10:], labels[10:], num_classes=12, k=5)
     tail = TailExtrapolatedMAP(gallery_size=10_000, k=10, estimator="count", n_boot=10)
-    tail.update(queries=emb[:6], positives=emb[6:12], positive_query=torch.arange(6))
+    tail.update(queries=emb[:6], positives=emb[6:12], positive_query=torch.arange(6, device=device))
     tail.update(distractors=emb[12:])
     out["tail"] = tail.compute()
     return out
 
 
-def test_every_ranking_gemm_runs_in_ieee_float32(coarse_global_precision):
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_ranking_gemm_runs_in_ieee_float32(coarse_global_precision, device):
     before = (
         torch.backends.cuda.matmul.fp32_precision,
         torch.backends.mkldnn.matmul.fp32_precision,
@@ -128,7 +131,7 @@ def test_every_ranking_gemm_runs_in_ieee_float32(coarse_global_precision):
     assert before == ("tf32", "bf16")
     recorder = PrecisionRecorder()
     with recorder:
-        everything()
+        everything(device)
     assert len(recorder.seen) > 20  # losses' backward, engine blocks, kNN, tail scoring
     assert set(recorder.seen) == {IEEE}
     # the global setting is back for the encoder
@@ -136,10 +139,11 @@ def test_every_ranking_gemm_runs_in_ieee_float32(coarse_global_precision):
     assert after == before
 
 
-def test_values_do_not_depend_on_global_precision(coarse_global_precision):
-    coarse = everything()
+@pytest.mark.parametrize("device", DEVICES)
+def test_values_do_not_depend_on_global_precision(coarse_global_precision, device):
+    coarse = everything(device)
     torch.set_float32_matmul_precision("highest")
-    exact = everything()
+    exact = everything(device)
     assert coarse.keys() == exact.keys()
     for key, value in exact.items():
         other = coarse[key]
