@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import (
     Callback,
     LearningRateMonitor,
@@ -70,25 +71,35 @@ from rl_gap.training.fault_tolerance import (
 )
 from rl_gap.training.loggers import (
     WandbMode,
+    WandbRun,
     default_loggers,
     describe_outputs,
+    record_run_id,
     resolve_wandb_mode,
-    wandb_run_id,
+    wandb_run_for,
 )
 from rl_gap.training.parser import (
     RECIPE_LOSS_KEYS,
     RLGapArgumentParser,
     config_file_args,
+    joined_negative_values,
     recipe_flat_loss_keys,
     with_shipped_recipes,
 )
-from rl_gap.training.resume import ResumeRefused, check_resume
+from rl_gap.training.resume import Resume, ResumeRefused, check_resume
 from rl_gap.training.run_config import (
     check_config_file,
     flatten_config,
     overrides_hash,
     run_dir_for,
     training_config,
+)
+from rl_gap.training.run_folder import (
+    FreshFitGuard,
+    choose_run_dir,
+    newest,
+    recorded_seed,
+    versioned_message,
 )
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
 from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
@@ -113,7 +124,7 @@ class RLGapCLI(LightningCLI):
     """LightningCLI with rl_gap's output folder, loggers and callbacks (see module docstring)."""
 
     _run: dict[str, Any] | None = None
-    _ckpt_wandb_id: str | None = None
+    _resume: Resume | None = None
     _fault_tolerance: FaultTolerance | None = None
     _lock: RunLock | None = None
     _written_integers: dict[str, int] = {}  # replaced per instance by parse_arguments
@@ -173,6 +184,7 @@ class RLGapCLI(LightningCLI):
         words = None
         if args is None or isinstance(args, (list, tuple)):
             words = with_shipped_recipes([str(w) for w in (sys.argv[1:] if args is None else args)])
+            words = joined_negative_values(words)
             args = words
             recipes = []
             for path in config_file_args(words):
@@ -186,7 +198,13 @@ class RLGapCLI(LightningCLI):
             token = RECIPE_LOSS_KEYS.set(tuple(recipes))
             self._written_integers = written_integers(words, config_file_args(words))
         try:
-            super().parse_arguments(parser, args)
+            # parsed here, not by LightningCLI.parse_arguments: the words are the command line
+            # (given or sys.argv's), so its "both args and command line arguments" warning
+            # would be about the same words twice
+            if isinstance(args, (dict, Namespace)):
+                self.config = parser.parse_object(args)
+            else:
+                self.config = parser.parse_args(args)
             self._resolve_run(parser)
         finally:
             if words is not None:
@@ -196,35 +214,59 @@ class RLGapCLI(LightningCLI):
         """Seed, training config, run folder; check ``--ckpt_path`` (before Lightning reads it)."""
         sub = self.config.get("subcommand")
         cfg = self.config[sub] if sub else self.config
-        seed = cfg.get("seed_everything")
-        if seed is True:  # pick the random seed now: it names the run folder
-            seed = int(os.environ.get("PL_GLOBAL_SEED") or random.randint(0, 2**32 - 1))
-            cfg["seed_everything"] = seed
         every = cfg.get("checkpoint_every_n_steps")
         if every is not None and every < 0:
             _fail(f"--checkpoint_every_n_steps must be >= 0, got {every}")
-        train = training_config(flatten_config(cfg))
-        overrides = overrides_hash(train, self._baseline_config(parser, sub, cfg.get("config")))
-        root = Path(
+        seed = cfg.get("seed_everything")
+        base_train = training_config(flatten_config(cfg))
+        overrides = overrides_hash(
+            base_train, self._baseline_config(parser, sub, cfg.get("config"))
+        )
+        base = Path(
             cfg.get("trainer.default_root_dir")
             or run_dir_for(
                 cfg.get("config"), cfg.get("output_dir"), cfg.get("run_name"), seed, overrides
             )
         )
-        full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
-        self._run = {"root": root, "config": train, "full": full, "overrides": overrides}
         ckpt_path = cfg.get("ckpt_path")
+        ckpt_path = None if ckpt_path is None else str(ckpt_path)
+        # run=False (no subcommand): whether fit will resume is unknown; FreshFitGuard decides
+        root = choose_run_dir(base, sub, ckpt_path) if sub else newest(base)
+        if seed is True:  # drawn now (or read back from the run being resumed), recorded in it
+            seed = self._auto_seed(sub, ckpt_path, root)
+            cfg["seed_everything"] = seed
+        train = training_config(flatten_config(cfg))
+        full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
+        self._run = {
+            "root": root, "config": train, "full": full, "overrides": overrides,
+            "versioned_from": base if root != base and sub in (None, "fit") else None,
+        }  # fmt: skip
         if ckpt_path:
             force = bool(cfg.get("force_resume"))
             try:
-                resume = check_resume(sub, str(ckpt_path), root, train, force)
+                resume = check_resume(sub, ckpt_path, root, train, force)
             except ResumeRefused as err:
                 _fail(str(err))
             if resume is not None:
                 if ckpt_path == "last":
                     # Lightning's own "last" would pick the newest last*.ckpt even if damaged
                     cfg["ckpt_path"] = str(resume.path)
-                self._ckpt_wandb_id = resume.wandb_id
+                self._resume = resume
+
+    @staticmethod
+    def _auto_seed(sub: str | None, ckpt_path: str | None, root: Path) -> int:
+        """``seed_everything: true``: the resumed checkpoint's seed, else a new one.
+
+        A process started by a launcher for another rank takes the seed its launcher drew
+        (``PL_GLOBAL_SEED``); in the launching process that variable may be left over from
+        an earlier run in the same process, so a fresh run draws its own.
+        """
+        recorded = recorded_seed(ckpt_path, root) if ckpt_path else None
+        if recorded is not None:
+            return recorded
+        if not starts_the_run() and os.environ.get("PL_GLOBAL_SEED"):
+            return int(os.environ["PL_GLOBAL_SEED"])
+        return random.randint(0, 2**32 - 1)
 
     @staticmethod
     def _baseline_config(
@@ -252,6 +294,10 @@ class RLGapCLI(LightningCLI):
         root = Path(run["root"])
         restore_integers(config, self._written_integers)
         if self.subcommand in (None, "fit") and starts_the_run():
+            if run["versioned_from"] is not None:
+                note = versioned_message(run["versioned_from"], root)
+                if note:
+                    sys.stderr.write(note + "\n")
             # before anything is written into the folder (wandb_id, config.yaml, logs)
             try:
                 self._lock = RunLock(root).acquire()
@@ -260,15 +306,13 @@ class RLGapCLI(LightningCLI):
         config["default_root_dir"] = str(root)
         wandb_id = None
         if config.get("logger") in (None, True):
+            wandb_run = None
             if resolve_wandb_mode(s["wandb"]) != "off":
-                wandb_id = wandb_run_id(root, self._ckpt_wandb_id)
-            try:
-                name = str(root.relative_to(s["output_dir"]))
-            except ValueError:
-                name = root.name
+                wandb_run = self._wandb_run(root, s["wandb_group"])
+                wandb_id = wandb_run.id
             config["logger"] = default_loggers(
-                root, name, s["wandb"], s["wandb_project"], wandb_id=wandb_id,
-                entity=s["wandb_entity"], tags=s["wandb_tags"], group=s["wandb_group"],
+                root, self._run_label(root, s["output_dir"]), s["wandb"], s["wandb_project"],
+                wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
                 config=run["full"],
             )  # fmt: skip
         config["plugins"] = _with_atomic_checkpoint_io(config.get("plugins"))
@@ -288,12 +332,34 @@ class RLGapCLI(LightningCLI):
                 force_resume=bool(s["force_resume"]),
             )
             config["callbacks"].append(self._fault_tolerance)
+            config["callbacks"].append(FreshFitGuard(self._fault_tolerance.dirpath, wandb_id))
         from rl_gap.data.metric_learning import MetricLearningDataModule
 
         if isinstance(self.datamodule, MetricLearningDataModule):
             # The m-per-class batch sampler shards the global batch itself.
             config["use_distributed_sampler"] = False
         return super()._instantiate_trainer(config, callbacks)
+
+    def _wandb_run(self, root: Path, group: str | None) -> WandbRun:
+        """This command's W&B run (a fit records its id in ``<root>/wandb_id``)."""
+        resume = self._resume
+        ckpt = None if resume is None else str(resume.path)
+        if resume is None and self.subcommand not in (None, "fit"):
+            ckpt = self.config[self.subcommand].get("ckpt_path")  # best/hpc/registry: as given
+        run = wandb_run_for(
+            self.subcommand, root, ckpt, None if resume is None else resume.wandb_id, group
+        )
+        if run.job_type == "train" and starts_the_run():
+            record_run_id(root, run.id)
+        return run
+
+    def _run_label(self, root: Path, output_dir: str) -> str:
+        """The W&B run name: the run folder under ``output_dir`` (plus the command if not fit)."""
+        try:
+            name = str(root.relative_to(output_dir))
+        except ValueError:
+            name = root.name
+        return name if self.subcommand in (None, "fit") else f"{name}:{self.subcommand}"
 
     @staticmethod
     def _default_callbacks(config: dict[str, Any], root: Path) -> list[Callback]:

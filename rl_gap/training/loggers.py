@@ -1,16 +1,17 @@
 """Where a training run's logs go: CSV + W&B loggers, the W&B run id, the end-of-run summary.
 
 Used by :mod:`rl_gap.training.cli`: W&B is *offline* unless ``WANDB_API_KEY``
-is set (it never waits for a network), writes inside the run folder, receives
-the whole resolved config, and keeps one run id per run folder
-(``<run>/wandb_id``) passed with ``resume="allow"`` so a resumed run continues
-its dashboard.
+is set (it never waits for a network), writes inside the run folder and receives
+the whole resolved config. Every fresh fit gets a new W&B run id; only a resumed
+fit continues one (the id its checkpoint recorded); ``validate``/``test``/``predict``
+log to runs of their own, grouped with the training run (:func:`wandb_run_for`).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,20 +35,72 @@ def resolve_wandb_mode(mode: str) -> str:
     return mode
 
 
-def wandb_run_id(root: Path, from_checkpoint: str | None = None) -> str:
-    """The run folder's W&B id (``<root>/wandb_id``), created on first use.
+@dataclass(frozen=True)
+class WandbRun:
+    """Which W&B run a command logs to (:func:`wandb_run_for`)."""
 
-    A checkpoint's id (resuming a checkpoint from elsewhere) is adopted when the
-    folder has none. Only rank 0 writes the file.
+    id: str
+    resume: bool  # continue a run of this id (a resumed fit), else a run that must be new
+    job_type: str
+    group: str | None
+    config: dict[str, Any]  # what the command adds to the resolved config
+
+
+_JOB_TYPES = {
+    None: "train",
+    "fit": "train",
+    "validate": "eval",
+    "test": "eval",
+    "predict": "predict",
+}
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(4)
+
+
+def wandb_run_for(
+    subcommand: str | None,
+    root: Path,
+    ckpt_path: str | None = None,
+    ckpt_wandb_id: str | None = None,
+    group: str | None = None,
+) -> WandbRun:
+    """The W&B run of a command: only a resumed fit continues an id.
+
+    - ``fit`` without a checkpoint: a new id, always;
+    - ``fit --ckpt_path``: the id the checkpoint recorded (a checkpoint without one, in this
+      folder: the id in ``<root>/wandb_id``), continued;
+    - ``validate``/``test``/``predict``: a run of its own (job type ``eval``/``predict``),
+      grouped with the training run that wrote the checkpoint, whose id and path are in
+      its config.
     """
+    job_type = _JOB_TYPES.get(subcommand, str(subcommand))
+    if job_type == "train":
+        run_id = ckpt_wandb_id or (_folder_run_id(root, ckpt_path) if ckpt_path else None)
+        if run_id:
+            return WandbRun(run_id, True, job_type, group, {})
+        return WandbRun(new_run_id(), False, job_type, group, {})
+    trained = ckpt_wandb_id or (_folder_run_id(root, ckpt_path) if ckpt_path else None)
+    config = {"eval.subcommand": subcommand, "eval.ckpt_path": ckpt_path}
+    config["eval.training_run_id"] = trained
+    return WandbRun(new_run_id(), False, job_type, trained or group or root.name, config)
+
+
+def _folder_run_id(root: Path, ckpt_path: str) -> str | None:
+    """The id in ``<root>/wandb_id`` when ``ckpt_path`` lies in ``<root>/checkpoints``."""
     path = root / "wandb_id"
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
-    run_id = from_checkpoint or secrets.token_hex(4)
+    inside = Path(ckpt_path).resolve().parent == (root / "checkpoints").resolve()
+    if inside and path.is_file():
+        return path.read_text().strip() or None
+    return None
+
+
+def record_run_id(root: Path, run_id: str) -> None:
+    """``<root>/wandb_id``: the W&B id of the training run in this folder (rank 0 writes it)."""
     if rank_zero_only.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        path.write_text(run_id + "\n")
-    return run_id
+        (root / "wandb_id").write_text(run_id + "\n")
 
 
 def default_loggers(
@@ -55,17 +108,16 @@ def default_loggers(
     name: str,
     wandb_mode: str,
     project: str,
-    wandb_id: str | None = None,
+    wandb_run: WandbRun | None = None,
     entity: str | None = None,
     tags: list[str] | None = None,
-    group: str | None = None,
     config: dict[str, Any] | None = None,
 ) -> list[Logger]:
     """CSV logger under ``root/version_N`` plus, unless off, a W&B logger in ``root/wandb``.
 
-    The W&B run gets ``id=wandb_id`` with ``resume="allow"`` (a resumed run
-    continues the same dashboard), ``config`` (the whole resolved config) and
-    the optional ``entity``, ``tags``, ``group``.
+    The W&B run is ``wandb_run`` (:func:`wandb_run_for`: its id, continued only for a
+    resumed fit, job type and group) with ``config`` (the whole resolved config) and
+    the optional ``entity`` and ``tags``.
     """
     loggers: list[Logger] = [CSVLogger(save_dir=str(root), name="")]
     mode = resolve_wandb_mode(wandb_mode)
@@ -74,9 +126,13 @@ def default_loggers(
 
         root.mkdir(parents=True, exist_ok=True)
         extra: dict[str, Any] = {}
-        if wandb_id:
-            extra.update(id=wandb_id, resume="allow")
-        for key, value in (("entity", entity), ("tags", tags), ("group", group)):
+        if wandb_run is not None:
+            extra.update(id=wandb_run.id, resume="allow" if wandb_run.resume else "never")
+            extra["job_type"] = wandb_run.job_type
+            config = {**(config or {}), **wandb_run.config}
+            if wandb_run.group:
+                extra["group"] = wandb_run.group
+        for key, value in (("entity", entity), ("tags", tags)):
             if value:
                 extra[key] = list(value) if key == "tags" else value
         loggers.append(
