@@ -2,7 +2,8 @@
 model selection that never looks at the test split."""
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
-from rl_gap.callbacks.retrieval import RetrievalEvaluation, save_consistency_plots
+from rl_gap.callbacks.plots import save_consistency_plots
+from rl_gap.callbacks.retrieval import RetrievalEvaluation
 from rl_gap.callbacks.selection import ModelSelectionGuard, guard_model_selection
 
 __all__ = [

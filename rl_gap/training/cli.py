@@ -62,18 +62,21 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
+from rl_gap.callbacks.speed import TrainingSpeed
 from rl_gap.modules.base import RankingModule
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
     RestoreLoaderPosition,
+    writable_error,
 )
 from rl_gap.training.loggers import (
     WandbMode,
     WandbRun,
     default_loggers,
     describe_outputs,
+    is_wandb_logger,
     record_run_id,
     resolve_wandb_mode,
     wandb_run_for,
@@ -102,6 +105,7 @@ from rl_gap.training.run_folder import (
     versioned_message,
 )
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
+from rl_gap.training.schedule_check import ValidationScheduleCheck
 from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
 from rl_gap.training.trainer_args import restore_integers, written_integers
 
@@ -293,6 +297,9 @@ class RLGapCLI(LightningCLI):
         assert run is not None, "parse_arguments resolves the run before classes are built"
         root = Path(run["root"])
         restore_integers(config, self._written_integers)
+        problem = writable_error(root)  # before the lock, the logs and W&B touch it
+        if problem:
+            _fail(problem.replace("checkpoint folder", "run folder", 1))
         if self.subcommand in (None, "fit") and starts_the_run():
             if run["versioned_from"] is not None:
                 note = versioned_message(run["versioned_from"], root)
@@ -377,6 +384,9 @@ class RLGapCLI(LightningCLI):
                 cb.dirpath = str(root / "checkpoints")
         if config.get("enable_checkpointing") is not False and not checkpoints:
             given.append(ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True))
+        if config.get("logger") and not any(isinstance(c, TrainingSpeed) for c in given):
+            given.append(TrainingSpeed())
+        given.append(ValidationScheduleCheck())
         return given
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -415,6 +425,9 @@ class RLGapCLI(LightningCLI):
     def after_test(self) -> None:
         self._print_outputs()
 
+    def after_predict(self) -> None:
+        self._finish_wandb()  # the embedding writer names its own outputs
+
     @rank_zero_only
     def _print_outputs(self) -> None:
         print(describe_outputs(self.trainer))
@@ -425,7 +438,7 @@ class RLGapCLI(LightningCLI):
         # One command = one W&B run: close it, or the next fit in this process
         # (the demo, notebooks) would log into it.
         for logger in self.trainer.loggers:
-            if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:
+            if is_wandb_logger(logger) and logger._experiment is not None:
                 logger.experiment.finish()
 
 
