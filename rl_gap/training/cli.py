@@ -12,13 +12,21 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   folder and ``--ckpt_path last`` never picks up another configuration's
   checkpoint; ``--run_name NAME`` uses ``<output_dir>/NAME`` instead, and a
   recipe's ``trainer.default_root_dir`` wins over both;
+- a fresh fit never writes into a folder that holds a saved run: it gets a new version
+  folder (``seed0-v2``; ``rl_gap.training.run_folder``), while ``--ckpt_path last`` and
+  the evaluation commands use the newest version; a recipe without a seed runs in
+  ``seedauto[-<hash>]`` with its drawn seed recorded in its checkpoints;
 - loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
   the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
   ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
-  folder, the whole resolved config as the W&B config, and a stable run id
-  (``<run>/wandb_id``, also in every checkpoint) resumed with ``resume="allow"``
-  so a resumed run continues its dashboard; ``--wandb_entity``,
+  folder, the whole resolved config as the W&B config; a fresh fit gets a new W&B id,
+  only a resumed fit continues the id its checkpoint recorded, and
+  ``validate``/``test``/``predict`` log to W&B runs of their own grouped with the
+  training run (``rl_gap.training.loggers.wandb_run_for``); ``--wandb_entity``,
   ``--wandb_tags``, ``--wandb_group``; ``--wandb off`` drops it;
+- a warning before the first step when the schedule never validates
+  (``rl_gap.training.schedule_check``); throughput keys ``perf/*``
+  (``rl_gap.callbacks.speed``);
 - a rich progress bar, a learning-rate monitor and checkpoints
   (``<run>/checkpoints``, ``last.ckpt`` kept, so ``--ckpt_path last`` resumes);
 - fault tolerance (``rl_gap.training.fault_tolerance``): the checkpoint folder
@@ -41,8 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import random
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -79,6 +85,7 @@ from rl_gap.training.loggers import (
     is_wandb_logger,
     record_run_id,
     resolve_wandb_mode,
+    run_label,
     wandb_run_for,
 )
 from rl_gap.training.parser import (
@@ -99,9 +106,9 @@ from rl_gap.training.run_config import (
 )
 from rl_gap.training.run_folder import (
     FreshFitGuard,
+    auto_seed,
     choose_run_dir,
     newest,
-    recorded_seed,
     versioned_message,
 )
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
@@ -222,9 +229,9 @@ class RLGapCLI(LightningCLI):
         if every is not None and every < 0:
             _fail(f"--checkpoint_every_n_steps must be >= 0, got {every}")
         seed = cfg.get("seed_everything")
-        base_train = training_config(flatten_config(cfg))
         overrides = overrides_hash(
-            base_train, self._baseline_config(parser, sub, cfg.get("config"))
+            training_config(flatten_config(cfg)),
+            self._baseline_config(parser, sub, cfg.get("config")),
         )
         base = Path(
             cfg.get("trainer.default_root_dir")
@@ -237,13 +244,14 @@ class RLGapCLI(LightningCLI):
         # run=False (no subcommand): whether fit will resume is unknown; FreshFitGuard decides
         root = choose_run_dir(base, sub, ckpt_path) if sub else newest(base)
         if seed is True:  # drawn now (or read back from the run being resumed), recorded in it
-            seed = self._auto_seed(sub, ckpt_path, root)
+            # run=False: a folder holding checkpoints can only be resumed (FreshFitGuard)
+            seed = auto_seed(ckpt_path or (None if sub else "last"), root)
             cfg["seed_everything"] = seed
         train = training_config(flatten_config(cfg))
         full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
         self._run = {
             "root": root, "config": train, "full": full, "overrides": overrides,
-            "versioned_from": base if root != base and sub in (None, "fit") else None,
+            "versioned_from": base if root != base and sub == "fit" and not ckpt_path else None,
         }  # fmt: skip
         if ckpt_path:
             force = bool(cfg.get("force_resume"))
@@ -256,21 +264,6 @@ class RLGapCLI(LightningCLI):
                     # Lightning's own "last" would pick the newest last*.ckpt even if damaged
                     cfg["ckpt_path"] = str(resume.path)
                 self._resume = resume
-
-    @staticmethod
-    def _auto_seed(sub: str | None, ckpt_path: str | None, root: Path) -> int:
-        """``seed_everything: true``: the resumed checkpoint's seed, else a new one.
-
-        A process started by a launcher for another rank takes the seed its launcher drew
-        (``PL_GLOBAL_SEED``); in the launching process that variable may be left over from
-        an earlier run in the same process, so a fresh run draws its own.
-        """
-        recorded = recorded_seed(ckpt_path, root) if ckpt_path else None
-        if recorded is not None:
-            return recorded
-        if not starts_the_run() and os.environ.get("PL_GLOBAL_SEED"):
-            return int(os.environ["PL_GLOBAL_SEED"])
-        return random.randint(0, 2**32 - 1)
 
     @staticmethod
     def _baseline_config(
@@ -318,7 +311,7 @@ class RLGapCLI(LightningCLI):
                 wandb_run = self._wandb_run(root, s["wandb_group"])
                 wandb_id = wandb_run.id
             config["logger"] = default_loggers(
-                root, self._run_label(root, s["output_dir"]), s["wandb"], s["wandb_project"],
+                root, run_label(root, s["output_dir"], self.subcommand), s["wandb"], s["wandb_project"],
                 wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
                 config=run["full"],
             )  # fmt: skip
@@ -359,14 +352,6 @@ class RLGapCLI(LightningCLI):
         if run.job_type == "train" and starts_the_run():
             record_run_id(root, run.id)
         return run
-
-    def _run_label(self, root: Path, output_dir: str) -> str:
-        """The W&B run name: the run folder under ``output_dir`` (plus the command if not fit)."""
-        try:
-            name = str(root.relative_to(output_dir))
-        except ValueError:
-            name = root.name
-        return name if self.subcommand in (None, "fit") else f"{name}:{self.subcommand}"
 
     @staticmethod
     def _default_callbacks(config: dict[str, Any], root: Path) -> list[Callback]:

@@ -97,6 +97,15 @@ def _folder_run_id(root: Path, ckpt_path: str) -> str | None:
     return None
 
 
+def run_label(root: Path, output_dir: str, subcommand: str | None) -> str:
+    """The W&B run name: the run folder under ``output_dir`` (``:<command>`` if not fit)."""
+    try:
+        name = str(root.relative_to(output_dir))
+    except ValueError:
+        name = root.name
+    return name if subcommand in (None, "fit") else f"{name}:{subcommand}"
+
+
 def record_run_id(root: Path, run_id: str) -> None:
     """``<root>/wandb_id``: the W&B id of the training run in this folder (rank 0 writes it)."""
     if rank_zero_only.rank == 0:

@@ -17,6 +17,8 @@ restores nothing into a folder holding checkpoints stops before its first step.
 
 from __future__ import annotations
 
+import os
+import random
 import re
 import warnings
 from pathlib import Path
@@ -26,6 +28,7 @@ from lightning.pytorch.callbacks import Callback
 
 __all__ = [
     "FreshFitGuard",
+    "auto_seed",
     "choose_run_dir",
     "holds_checkpoints",
     "newest",
@@ -72,6 +75,23 @@ def recorded_seed(ckpt_path: str, root: Path) -> int | None:
         return None
     seed = ((ckpt.get("rl_gap") or {}).get("config") or {}).get("seed_everything")
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def auto_seed(ckpt_path: str | None, root: Path) -> int:
+    """``seed_everything: true``: the seed recorded by the checkpoint resumed, else a new one.
+
+    A process started by a launcher for another rank takes the seed its launcher drew
+    (``PL_GLOBAL_SEED``); in the launching process that variable may be left over from
+    an earlier run in the same process, so a fresh run draws its own.
+    """
+    from rl_gap.training.run_lock import starts_the_run
+
+    recorded = recorded_seed(ckpt_path, root) if ckpt_path else None
+    if recorded is not None:
+        return recorded
+    if not starts_the_run() and os.environ.get("PL_GLOBAL_SEED"):
+        return int(os.environ["PL_GLOBAL_SEED"])
+    return random.randint(0, 2**32 - 1)
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
