@@ -87,6 +87,7 @@ def test_fit_refit_resume_predict_wandb_runs(run_dir, capsys):
     assert fits[0]["summary"]["val/num_pairs"] == 9900  # 100 items: 100 x 99 pairs
 
 
+@pytest.mark.slow
 def test_python_fit_without_checkpoint_refuses_a_used_folder(run_dir):
     argv = fit_argv(run_dir, "mine", epochs=1, batches=1)
     run_lightning_cli(["fit", *argv])
