@@ -85,6 +85,7 @@ def test_fit_refit_resume_predict_wandb_runs(run_dir, capsys):
     history_keys = {k for r in runs for row in r["history"] for k in row}
     assert "val/gap" in history_keys and "val/num_pairs" not in history_keys
     assert fits[0]["summary"]["val/num_pairs"] == 9900  # 100 items: 100 x 99 pairs
+    assert fits[0]["output"] > 0, "console capture is on (offline too)"
 
 
 @pytest.mark.slow
