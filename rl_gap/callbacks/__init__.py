@@ -16,7 +16,7 @@ _EXPORTS = {
     "guard_model_selection": ".selection",
     "global_pr_curve": ".curves",
     "per_query_best_thresholds": ".curves",
-    "save_consistency_plots": ".retrieval",
+    "save_consistency_plots": ".plots",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
-    from rl_gap.callbacks.retrieval import RetrievalEvaluation, save_consistency_plots
+    from rl_gap.callbacks.plots import save_consistency_plots
+    from rl_gap.callbacks.retrieval import RetrievalEvaluation
     from rl_gap.callbacks.selection import ModelSelectionGuard, guard_model_selection

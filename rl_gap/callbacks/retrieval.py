@@ -27,12 +27,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from rl_gap import dist
-from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
+from rl_gap.callbacks.plots import save_consistency_plots, send_plots
 from rl_gap.callbacks.selection import guard_model_selection
 from rl_gap.metrics.distractor import distractor_metrics
 from rl_gap.metrics.functional.arguments import check_block_size, precision_tag
 from rl_gap.metrics.functional.engine import state_from_embeddings
-from rl_gap.metrics.functional.ranking import global_f1_from_state
 from rl_gap.metrics.functional.sharding import Shard, process_group_shard
 from rl_gap.metrics.functional.suite import (
     check_suite_arguments,
@@ -278,7 +277,9 @@ class RetrievalEvaluation(Callback):
                         block_size=self.block_size, shard=shard,
                     )  # fmt: skip
                 if self.plots and trainer.is_global_zero:
-                    self._plot(trainer, state, stage)
+                    shared = self._plot(trainer, state, stage)
+                    if shared is not None:  # the histogram's line, as a logged value
+                        metrics["threshold_f1g"] = shared
             except Exception as exc:  # every rank must learn of it, or they hang below
                 error = exc
         # Rank 0 sends the metrics or its error; the other ranks wait here, so an
@@ -296,62 +297,23 @@ class RetrievalEvaluation(Callback):
             pl_module.log(key, value, prog_bar=key.endswith(("/gap", "/map")), sync_dist=False)
 
     # ------------------------------------------------------------------ plots
-    def _plot(self, trainer: L.Trainer, state, stage: str) -> None:
+    def _plot(self, trainer: L.Trainer, state, stage: str) -> float | None:
+        """Save and send the plots; return the shared threshold the histogram marks."""
+        root = Path(trainer.default_root_dir)
+        title = f"{root.parent.name}/{root.name} · {stage} · epoch {trainer.current_epoch}"
         try:
-            paths = save_consistency_plots(
+            plots = save_consistency_plots(
                 state,
                 Path(trainer.log_dir or trainer.default_root_dir) / "plots",
                 f"{stage}_epoch{trainer.current_epoch:03d}",
                 self.max_plot_points,
+                title=title,
+                threshold_key=f"{stage}/threshold_f1g",
             )
         except Exception as error:  # plotting must never kill a training run
             log.warning("could not draw the evaluation plots: %s", error)
-            return
+            return None
         for logger in trainer.loggers:
-            if type(logger).__name__ == "WandbLogger":
-                import wandb
-
-                thresholds, _ = per_query_best_thresholds(state)
-                logger.experiment.log(
-                    {
-                        f"{stage}/pr_curve": wandb.Image(str(paths["pr_curve"])),
-                        f"{stage}/query_thresholds": wandb.Image(str(paths["thresholds"])),
-                        f"{stage}/query_threshold_hist": wandb.Histogram(thresholds.numpy()),
-                        "trainer/global_step": trainer.global_step,
-                    }
-                )
-
-
-def save_consistency_plots(
-    state, folder: Path, stem: str, max_points: int = 2000
-) -> dict[str, Path]:
-    """Write ``<stem>_pr_curve.png`` and ``<stem>_thresholds.png`` into ``folder``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    precision, recall, _ = global_pr_curve(state)
-    step = max(1, len(recall) // max_points)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.plot(recall[::step].numpy(), precision[::step].numpy())
-    ax.set(xlabel="recall (all pairs)", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02))
-    ax.set_title("global precision-recall")
-    pr_path = folder / f"{stem}_pr_curve.png"
-    fig.tight_layout()
-    fig.savefig(pr_path, dpi=100)
-    plt.close(fig)
-
-    thresholds, _ = per_query_best_thresholds(state)
-    _, shared = global_f1_from_state(state)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.hist(thresholds.numpy(), bins=50, color="tab:blue", alpha=0.8)
-    ax.axvline(float(shared), color="tab:red", label="shared (global F1) threshold")
-    ax.set(xlabel="per-query F1-optimal threshold", ylabel="queries")
-    ax.legend(loc="upper left", fontsize=8)
-    th_path = folder / f"{stem}_thresholds.png"
-    fig.tight_layout()
-    fig.savefig(th_path, dpi=100)
-    plt.close(fig)
-    return {"pr_curve": pr_path, "thresholds": th_path}
+            if any(c.__name__ == "WandbLogger" for c in type(logger).__mro__):
+                send_plots(logger.experiment, plots, stage, trainer.global_step, title)
+        return plots.shared_threshold

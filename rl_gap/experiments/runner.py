@@ -163,6 +163,9 @@ class Runner:
                 )
             return record["metrics"]
         command = [*argv[:1], "--wandb", self.wandb, *argv[1:]]
+        if any((run_dir / "checkpoints").glob("*.ckpt")):
+            # an interrupted run: continue it (a fresh fit would go to a new version folder)
+            command += ["--ckpt_path", "last"]
         with _wandb_env(self.group, job_type, run_dir.name):
             if self.command is None:
                 metrics = _run_in_process(command)

@@ -12,13 +12,21 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   folder and ``--ckpt_path last`` never picks up another configuration's
   checkpoint; ``--run_name NAME`` uses ``<output_dir>/NAME`` instead, and a
   recipe's ``trainer.default_root_dir`` wins over both;
+- a fresh fit never writes into a folder that holds a saved run: it gets a new version
+  folder (``seed0-v2``; ``rl_gap.training.run_folder``), while ``--ckpt_path last`` and
+  the evaluation commands use the newest version; a recipe without a seed runs in
+  ``seedauto[-<hash>]`` with its drawn seed recorded in its checkpoints;
 - loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
   the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
   ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
-  folder, the whole resolved config as the W&B config, and a stable run id
-  (``<run>/wandb_id``, also in every checkpoint) resumed with ``resume="allow"``
-  so a resumed run continues its dashboard; ``--wandb_entity``,
+  folder, the whole resolved config as the W&B config; a fresh fit gets a new W&B id,
+  only a resumed fit continues the id its checkpoint recorded, and
+  ``validate``/``test``/``predict`` log to W&B runs of their own grouped with the
+  training run (``rl_gap.training.loggers.wandb_run_for``); ``--wandb_entity``,
   ``--wandb_tags``, ``--wandb_group``; ``--wandb off`` drops it;
+- a warning before the first step when the schedule never validates
+  (``rl_gap.training.schedule_check``); throughput keys ``perf/*``
+  (``rl_gap.callbacks.speed``);
 - a rich progress bar, a learning-rate monitor and checkpoints
   (``<run>/checkpoints``, ``last.ckpt`` kept, so ``--ckpt_path last`` resumes);
 - fault tolerance (``rl_gap.training.fault_tolerance``): the checkpoint folder
@@ -41,13 +49,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import random
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import (
     Callback,
     LearningRateMonitor,
@@ -61,28 +68,35 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
+from rl_gap.callbacks.speed import TrainingSpeed
 from rl_gap.modules.base import RankingModule
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
     RestoreLoaderPosition,
+    writable_error,
 )
 from rl_gap.training.loggers import (
     WandbMode,
+    WandbRun,
     default_loggers,
     describe_outputs,
+    is_wandb_logger,
+    record_run_id,
     resolve_wandb_mode,
-    wandb_run_id,
+    run_label,
+    wandb_run_for,
 )
 from rl_gap.training.parser import (
     RECIPE_LOSS_KEYS,
     RLGapArgumentParser,
     config_file_args,
+    joined_negative_values,
     recipe_flat_loss_keys,
     with_shipped_recipes,
 )
-from rl_gap.training.resume import ResumeRefused, check_resume
+from rl_gap.training.resume import Resume, ResumeRefused, check_resume
 from rl_gap.training.run_config import (
     check_config_file,
     flatten_config,
@@ -90,7 +104,15 @@ from rl_gap.training.run_config import (
     run_dir_for,
     training_config,
 )
+from rl_gap.training.run_folder import (
+    FreshFitGuard,
+    auto_seed,
+    choose_run_dir,
+    newest,
+    versioned_message,
+)
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
+from rl_gap.training.schedule_check import ValidationScheduleCheck
 from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
 from rl_gap.training.trainer_args import restore_integers, written_integers
 
@@ -113,7 +135,7 @@ class RLGapCLI(LightningCLI):
     """LightningCLI with rl_gap's output folder, loggers and callbacks (see module docstring)."""
 
     _run: dict[str, Any] | None = None
-    _ckpt_wandb_id: str | None = None
+    _resume: Resume | None = None
     _fault_tolerance: FaultTolerance | None = None
     _lock: RunLock | None = None
     _written_integers: dict[str, int] = {}  # replaced per instance by parse_arguments
@@ -173,6 +195,7 @@ class RLGapCLI(LightningCLI):
         words = None
         if args is None or isinstance(args, (list, tuple)):
             words = with_shipped_recipes([str(w) for w in (sys.argv[1:] if args is None else args)])
+            words = joined_negative_values(words)
             args = words
             recipes = []
             for path in config_file_args(words):
@@ -186,7 +209,13 @@ class RLGapCLI(LightningCLI):
             token = RECIPE_LOSS_KEYS.set(tuple(recipes))
             self._written_integers = written_integers(words, config_file_args(words))
         try:
-            super().parse_arguments(parser, args)
+            # parsed here, not by LightningCLI.parse_arguments: the words are the command line
+            # (given or sys.argv's), so its "both args and command line arguments" warning
+            # would be about the same words twice
+            if isinstance(args, (dict, Namespace)):
+                self.config = parser.parse_object(args)
+            else:
+                self.config = parser.parse_args(args)
             self._resolve_run(parser)
         finally:
             if words is not None:
@@ -196,35 +225,45 @@ class RLGapCLI(LightningCLI):
         """Seed, training config, run folder; check ``--ckpt_path`` (before Lightning reads it)."""
         sub = self.config.get("subcommand")
         cfg = self.config[sub] if sub else self.config
-        seed = cfg.get("seed_everything")
-        if seed is True:  # pick the random seed now: it names the run folder
-            seed = int(os.environ.get("PL_GLOBAL_SEED") or random.randint(0, 2**32 - 1))
-            cfg["seed_everything"] = seed
         every = cfg.get("checkpoint_every_n_steps")
         if every is not None and every < 0:
             _fail(f"--checkpoint_every_n_steps must be >= 0, got {every}")
-        train = training_config(flatten_config(cfg))
-        overrides = overrides_hash(train, self._baseline_config(parser, sub, cfg.get("config")))
-        root = Path(
+        seed = cfg.get("seed_everything")
+        overrides = overrides_hash(
+            training_config(flatten_config(cfg)),
+            self._baseline_config(parser, sub, cfg.get("config")),
+        )
+        base = Path(
             cfg.get("trainer.default_root_dir")
             or run_dir_for(
                 cfg.get("config"), cfg.get("output_dir"), cfg.get("run_name"), seed, overrides
             )
         )
-        full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
-        self._run = {"root": root, "config": train, "full": full, "overrides": overrides}
         ckpt_path = cfg.get("ckpt_path")
+        ckpt_path = None if ckpt_path is None else str(ckpt_path)
+        # run=False (no subcommand): whether fit will resume is unknown; FreshFitGuard decides
+        root = choose_run_dir(base, sub, ckpt_path) if sub else newest(base)
+        if seed is True:  # drawn now (or read back from the run being resumed), recorded in it
+            # run=False: a folder holding checkpoints can only be resumed (FreshFitGuard)
+            seed = auto_seed(ckpt_path or (None if sub else "last"), root)
+            cfg["seed_everything"] = seed
+        train = training_config(flatten_config(cfg))
+        full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
+        self._run = {
+            "root": root, "config": train, "full": full, "overrides": overrides,
+            "versioned_from": base if root != base and sub == "fit" and not ckpt_path else None,
+        }  # fmt: skip
         if ckpt_path:
             force = bool(cfg.get("force_resume"))
             try:
-                resume = check_resume(sub, str(ckpt_path), root, train, force)
+                resume = check_resume(sub, ckpt_path, root, train, force)
             except ResumeRefused as err:
                 _fail(str(err))
             if resume is not None:
                 if ckpt_path == "last":
                     # Lightning's own "last" would pick the newest last*.ckpt even if damaged
                     cfg["ckpt_path"] = str(resume.path)
-                self._ckpt_wandb_id = resume.wandb_id
+                self._resume = resume
 
     @staticmethod
     def _baseline_config(
@@ -251,7 +290,14 @@ class RLGapCLI(LightningCLI):
         assert run is not None, "parse_arguments resolves the run before classes are built"
         root = Path(run["root"])
         restore_integers(config, self._written_integers)
+        problem = writable_error(root)  # before the lock, the logs and W&B touch it
+        if problem:
+            _fail(problem.replace("checkpoint folder", "run folder", 1))
         if self.subcommand in (None, "fit") and starts_the_run():
+            if run["versioned_from"] is not None:
+                note = versioned_message(run["versioned_from"], root)
+                if note:
+                    sys.stderr.write(note + "\n")
             # before anything is written into the folder (wandb_id, config.yaml, logs)
             try:
                 self._lock = RunLock(root).acquire()
@@ -260,15 +306,13 @@ class RLGapCLI(LightningCLI):
         config["default_root_dir"] = str(root)
         wandb_id = None
         if config.get("logger") in (None, True):
+            wandb_run = None
             if resolve_wandb_mode(s["wandb"]) != "off":
-                wandb_id = wandb_run_id(root, self._ckpt_wandb_id)
-            try:
-                name = str(root.relative_to(s["output_dir"]))
-            except ValueError:
-                name = root.name
+                wandb_run = self._wandb_run(root, s["wandb_group"])
+                wandb_id = wandb_run.id
             config["logger"] = default_loggers(
-                root, name, s["wandb"], s["wandb_project"], wandb_id=wandb_id,
-                entity=s["wandb_entity"], tags=s["wandb_tags"], group=s["wandb_group"],
+                root, run_label(root, s["output_dir"], self.subcommand), s["wandb"], s["wandb_project"],
+                wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
                 config=run["full"],
             )  # fmt: skip
         config["plugins"] = _with_atomic_checkpoint_io(config.get("plugins"))
@@ -288,12 +332,26 @@ class RLGapCLI(LightningCLI):
                 force_resume=bool(s["force_resume"]),
             )
             config["callbacks"].append(self._fault_tolerance)
+            config["callbacks"].append(FreshFitGuard(self._fault_tolerance.dirpath, wandb_id))
         from rl_gap.data.metric_learning import MetricLearningDataModule
 
         if isinstance(self.datamodule, MetricLearningDataModule):
             # The m-per-class batch sampler shards the global batch itself.
             config["use_distributed_sampler"] = False
         return super()._instantiate_trainer(config, callbacks)
+
+    def _wandb_run(self, root: Path, group: str | None) -> WandbRun:
+        """This command's W&B run (a fit records its id in ``<root>/wandb_id``)."""
+        resume = self._resume
+        ckpt = None if resume is None else str(resume.path)
+        if resume is None and self.subcommand not in (None, "fit"):
+            ckpt = self.config[self.subcommand].get("ckpt_path")  # best/hpc/registry: as given
+        run = wandb_run_for(
+            self.subcommand, root, ckpt, None if resume is None else resume.wandb_id, group
+        )
+        if run.job_type == "train" and starts_the_run():
+            record_run_id(root, run.id)
+        return run
 
     @staticmethod
     def _default_callbacks(config: dict[str, Any], root: Path) -> list[Callback]:
@@ -311,6 +369,9 @@ class RLGapCLI(LightningCLI):
                 cb.dirpath = str(root / "checkpoints")
         if config.get("enable_checkpointing") is not False and not checkpoints:
             given.append(ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True))
+        if config.get("logger") and not any(isinstance(c, TrainingSpeed) for c in given):
+            given.append(TrainingSpeed())
+        given.append(ValidationScheduleCheck())
         return given
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -349,6 +410,9 @@ class RLGapCLI(LightningCLI):
     def after_test(self) -> None:
         self._print_outputs()
 
+    def after_predict(self) -> None:
+        self._finish_wandb()  # the embedding writer names its own outputs
+
     @rank_zero_only
     def _print_outputs(self) -> None:
         print(describe_outputs(self.trainer))
@@ -359,7 +423,7 @@ class RLGapCLI(LightningCLI):
         # One command = one W&B run: close it, or the next fit in this process
         # (the demo, notebooks) would log into it.
         for logger in self.trainer.loggers:
-            if type(logger).__name__ == "WandbLogger" and logger._experiment is not None:
+            if is_wandb_logger(logger) and logger._experiment is not None:
                 logger.experiment.finish()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import warnings
 from contextvars import ContextVar
 from pathlib import Path
@@ -43,6 +44,27 @@ def config_file_args(words: list[str]) -> list[str]:
         elif word.startswith("--config="):
             found.append(word.split("=", 1)[1])
     return found
+
+
+# a number argparse would take for an option: "-1e-3", "-.5e2", "-inf" (it accepts only -1, -0.5)
+_NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf(inity)?", re.IGNORECASE)
+
+
+def joined_negative_values(words: list[str]) -> list[str]:
+    """``--key -1e-3`` -> ``--key=-1e-3``: argparse reads a value like ``-1e-3`` as an option
+    and fails with "expected one argument"; written with ``=`` it is the key's value."""
+    out: list[str] = []
+    for word in words:
+        if (
+            out
+            and _NEGATIVE_NUMBER.fullmatch(word)
+            and out[-1].startswith("--")
+            and "=" not in out[-1]
+        ):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
 
 
 def with_shipped_recipes(words: list[str]) -> list[str]:

@@ -29,9 +29,11 @@ from typing import Any
 
 import yaml
 
-# Keys (dotted prefixes) that do not change what is trained: never compared on
-# resume, never part of the run folder hash. ``seed_everything`` is in the folder
-# name itself, and compared on resume.
+# Keys (dotted prefixes) that change neither what is trained nor what is evaluated:
+# never compared on resume, never part of the run folder hash. The validation
+# schedule (``check_val_every_n_epoch``, ``val_check_interval``, ``limit_val_batches``)
+# is not among them: it decides which metrics a run logs. ``seed_everything`` is in
+# the folder name itself, and compared on resume.
 OPERATIONAL_KEYS: tuple[str, ...] = (
     "config",
     "ckpt_path",
@@ -60,11 +62,8 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "trainer.log_every_n_steps",
     "trainer.profiler",
     "trainer.max_time",
-    "trainer.limit_val_batches",
     "trainer.limit_test_batches",
     "trainer.limit_predict_batches",
-    "trainer.val_check_interval",
-    "trainer.check_val_every_n_epoch",
     "trainer.num_sanity_val_steps",
     "trainer.barebones",
     "data.init_args.num_workers",
@@ -148,8 +147,18 @@ def overrides_hash(current: Mapping[str, Any], baseline: Mapping[str, Any] | Non
 
 
 def run_folder_name(seed: Any, overrides: str) -> str:
-    """``seed0``, ``seed0-1a2b3c4d`` (overrides hash), ``noseed`` when seeding is off."""
-    name = f"seed{seed}" if isinstance(seed, int) and not isinstance(seed, bool) else "noseed"
+    """``seed0``, ``seed0-1a2b3c4d`` (overrides hash), ``noseed`` when seeding is off.
+
+    ``seedauto`` for ``seed_everything: true`` (or no seed in the recipe): the seed is drawn
+    at the first launch and recorded in the run's checkpoints, so that ``--ckpt_path last``
+    finds the folder again before the seed is known.
+    """
+    if seed is True:
+        name = "seedauto"
+    elif isinstance(seed, int) and not isinstance(seed, bool):
+        name = f"seed{seed}"
+    else:
+        name = "noseed"
     return f"{name}-{overrides}" if overrides else name
 
 

@@ -228,13 +228,16 @@ def test_wandb_resolved_config_stable_id_and_options(run_dir):
         assert config["trainer.min_epochs"] is None
     finally:
         experiment.finish()
-    # train, then resume: the checkpoint carries the id and both W&B runs use it
+    # train (a fresh fit: a W&B run of its own), then resume: the checkpoint carries the
+    # fit's id and the resumed W&B run continues it
     fitted = run_lightning_cli(["fit", *argv])
+    fit_id = (run_dir / "wb" / "wandb_id").read_text().strip()
+    assert fit_id != run_id
     ckpt = torch.load(run_dir / "wb" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert ckpt["rl_gap"]["wandb_id"] == run_id
+    assert ckpt["rl_gap"]["wandb_id"] == fit_id
     assert fitted.trainer.global_step == 1
     run_lightning_cli(["fit", *argv, "--ckpt_path", "last"])
     runs = sorted((run_dir / "wb" / "wandb").glob("offline-run-*"))
     # wandb appends "-1" to the folder of a second run started in the same second
-    same_id = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
-    assert len(runs) == 3 and all(same_id.fullmatch(r.name) for r in runs), runs
+    same_id = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(fit_id)}(-\d+)?")
+    assert len(runs) == 3 and sum(bool(same_id.fullmatch(r.name)) for r in runs) == 2, runs
