@@ -198,11 +198,12 @@ class RankingModule(L.LightningModule, abc.ABC):
 
     def setup(self, stage: str) -> None:
         """Refuse trainer settings that split the batch the loss sees; warn about BatchNorm."""
-        trainer = self._trainer
-        if stage == "fit" and trainer is not None:
-            check_split_batch(trainer, self.allow_split_batch)
-            if self.micro_batch_size is not None:
-                warn_batchnorm(self)
+        if stage != "fit":
+            return
+        if self._trainer is not None:
+            check_split_batch(self._trainer, self.allow_split_batch)
+        if self.micro_batch_size is not None:
+            warn_batchnorm(self)
 
     # ----------------------------------------------------------- sharded loss
     def shards_loss(self) -> bool:
