@@ -39,7 +39,7 @@ def split_batch_setting(trainer: Any) -> tuple[str, int] | None:
         if isinstance(callback, GradientAccumulationScheduler):
             most = max(callback.scheduling.values(), default=1)
             if most > 1:
-                return "GradientAccumulationScheduler", int(most)
+                return "GradientAccumulationScheduler factor", int(most)
     return None
 
 
