@@ -4,10 +4,11 @@ A small LayerNorm ViT (``MetricLearningModule``, gSAP loss) trains at a fixed gl
 B with micro-batches of M = B (the plain one-pass step), B/2, B/4, B/8. Each setting runs
 in its own subprocess (a fresh allocator, so peaks do not carry over), which reports:
 
-- step time: the median of ``--repeat`` training steps (forward, loss, backward, AdamW);
-- peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the process's peak RSS,
-  minus its RSS just before the first step (model, optimizer state and interpreter), so
-  the figure is what the step itself adds: mostly activations.
+- step time: the median of ``--repeat`` training steps (forward, loss, backward, AdamW),
+  wall time on CUDA, CPU time of the process on CPU (all threads; robust to other jobs);
+- peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the process's peak RSS
+  (VmHWM, reset before the first step) minus its RSS then (model and interpreter), so the
+  figure is what the steps add: activations, plus the AdamW state (2 x parameters).
 
 Printed as a table and as ratios to the full-batch step. Expectation: the step's memory
 falls roughly as M/B (activations of one micro-batch alive at a time; the embeddings and
@@ -33,6 +34,20 @@ import warnings
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _reset_peak_rss() -> None:
+    """Linux: VmHWM (peak RSS) restarts from the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -61,27 +76,27 @@ def child(args: argparse.Namespace) -> dict:
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        module.training_step(batch, 0).backward()
+        module.training_step(batch, 0).backward()  # the loss: on the whole global batch
         optimizer.step()
 
-    step()  # warm-up: optimizer state allocated, kernels chosen
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time  # CPU: robust to a shared machine
+    if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() / 2**20
-    else:
+    else:  # before the warm-up step: pages it frees stay in the heap and would hide its peak
+        _reset_peak_rss()
         base = _rss_mib()
+    step()  # warm-up: optimizer state allocated, kernels chosen
     times = []
     for _ in range(args.repeat):
-        start = time.perf_counter()
+        start = clock()
         step()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:  # ru_maxrss is in KiB on Linux; the warm-up step's peak is the same step's
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        times.append(clock() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _peak_rss_mib()
     return {"micro": args.micro, "time_s": statistics.median(times), "step_mib": peak - base}
 
 
@@ -106,7 +121,11 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     full = rows[0]
-    memory = "peak allocated" if args.device.startswith("cuda") else "peak RSS - RSS before"
+    memory = (
+        "peak allocated, wall s"
+        if args.device.startswith("cuda")
+        else "peak RSS - RSS before, CPU s"
+    )
     print(f"B={args.batch} img={args.img} depth={args.depth} width={args.width} "
           f"device={args.device} ({memory})")  # fmt: skip
     print(f"{'M':>6} {'step s':>8} {'step MiB':>9} {'time/full':>9} {'mem/full':>9}")

@@ -24,6 +24,7 @@ activations of one micro-batch at a time.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
@@ -66,6 +67,13 @@ def enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
         raise ValueError(
             f"grad_checkpointing: backbone {name!r} does not support gradient checkpointing"
         ) from err
+
+
+def compile_in_place(modules: Iterable[torch.nn.Module | None]) -> None:
+    """``torch.compile`` each module in place (``Module.compile``: state-dict keys unchanged)."""
+    for module in modules:
+        if isinstance(module, torch.nn.Module):
+            module.compile()
 
 
 class RankingModule(L.LightningModule, abc.ABC):

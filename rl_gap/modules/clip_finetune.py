@@ -24,7 +24,7 @@ from rl_gap.metrics.functional import evaluate_embeddings
 from rl_gap.metrics.functional.sharding import Shard, process_group_shard
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder
-from rl_gap.modules.base import RankingModule
+from rl_gap.modules.base import RankingModule, compile_in_place
 from rl_gap.precision import full_precision_similarity
 
 RECALL_KS = (1, 5, 10)
@@ -137,8 +137,10 @@ class CLIPFineTuneModule(RankingModule):
             self.clip.lock_image_tower(lock_image_unlocked_groups)
         if lock_text:
             self.clip.lock_text_tower(lock_text_unlocked_layers)
-        if compile:
-            compile_towers(self.clip.model)
+        if compile:  # the image tower and the text transformer
+            compile_in_place(
+                getattr(self.clip.model, n, None) for n in ("visual", "transformer", "text")
+            )
         self.loss_scale_from_pretrained = False
         # (class names, templates) -> (text tower version, (C, E) classifier)
         self._zero_shot_cache: dict[tuple, tuple[tuple, torch.Tensor]] = {}
@@ -365,14 +367,6 @@ class CLIPFineTuneModule(RankingModule):
         if isinstance(param, nn.Parameter):
             state["logit_scale"] = param.detach().cpu().reshape(state["logit_scale"].shape)
         torch.save(state, path)
-
-
-def compile_towers(model: nn.Module) -> None:
-    """``torch.compile`` an open_clip model's image tower and text transformer in place."""
-    for name in ("visual", "transformer", "text"):
-        tower = getattr(model, name, None)
-        if isinstance(tower, nn.Module):
-            tower.compile()
 
 
 def retrieval_metrics(

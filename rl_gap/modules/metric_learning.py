@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rl_gap.models.encoder import EmbeddingEncoder
-from rl_gap.modules.base import RankingModule, enable_grad_checkpointing
+from rl_gap.modules.base import RankingModule, compile_in_place, enable_grad_checkpointing
 from rl_gap.precision import full_precision_similarity
 
 
@@ -78,7 +78,7 @@ class MetricLearningModule(RankingModule):
         if grad_checkpointing:
             enable_grad_checkpointing(self.encoder.backbone, backbone)
         if compile:
-            self.encoder.compile()
+            compile_in_place([self.encoder])
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, dim) unit-norm embeddings."""

@@ -41,7 +41,7 @@ from rl_gap.models.moco import (
     momentum_coefficient,
     momentum_update,
 )
-from rl_gap.modules.base import RankingModule, enable_grad_checkpointing
+from rl_gap.modules.base import RankingModule, compile_in_place, enable_grad_checkpointing
 from rl_gap.precision import full_precision_normalize, full_precision_similarity
 
 DEFAULT_LOSS = {"name": "infonce", "temperature": 0.2, "symmetric": False}
@@ -165,8 +165,7 @@ class MoCoV3Module(RankingModule):
             enable_grad_checkpointing(net, backbone)
         self.momentum_encoder = make_momentum_copy(self.online)
         if compile:
-            for part in (self.online, self.predictor, self.momentum_encoder):
-                part.compile()
+            compile_in_place([self.online, self.predictor, self.momentum_encoder])
         self.base_momentum = momentum
         self.momentum_schedule = momentum_schedule
         self.loss_scale = loss_scale

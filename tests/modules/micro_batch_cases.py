@@ -81,25 +81,17 @@ def chunks(n: int, size: int | None) -> list[slice]:
     return [slice(s, min(s + size, n)) for s in range(0, n, size)]
 
 
-def reference_loss(module: nn.Module, kind: str, batch, size: int | None) -> torch.Tensor:
-    """The full-batch loss by hand, encoders called per micro-batch of ``size`` (None: one call)."""
+def reference_loss(
+    module: nn.Module, kind: str, batch, size: int | None, bf16: bool = False
+) -> torch.Tensor:
+    """The full-batch loss by hand, encoders called per micro-batch of ``size`` (None: one
+    call); ``bf16``: encoders under bf16 autocast, similarities and loss in float32."""
     loss_fn = module.loss_fn
     pieces = []
     for rows in chunks(N, size):
-        if kind == "metric":
-            pieces.append((module.encoder(batch[0][rows]),))
-        elif kind == "clip":
-            tokens = module.clip.tokenize(batch["text"][rows])
-            image = F.normalize(module.clip.model.encode_image(batch["image"][rows]), dim=-1)
-            text = F.normalize(module.clip.model.encode_text(tokens), dim=-1)
-            pieces.append((image, text))
-        else:
-            x1, x2 = (v[rows] for v in batch["views"])
-            q1, q2 = module.predictor(module.online(x1)), module.predictor(module.online(x2))
-            with torch.no_grad():
-                k1, k2 = module.momentum_encoder(x1), module.momentum_encoder(x2)
-            pieces.append((q1, q2, k1, k2))
-    parts = [torch.cat(column) for column in zip(*pieces)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            pieces.append(_encode(module, kind, batch, rows))
+    parts = [torch.cat(column).float() if bf16 else torch.cat(column) for column in zip(*pieces)]
     if kind == "metric":
         (emb,) = parts
         labels = batch[1]
@@ -113,6 +105,21 @@ def reference_loss(module: nn.Module, kind: str, batch, size: int | None) -> tor
     eye = torch.eye(N, dtype=torch.bool)
     scale = module.loss_scale_value()
     return scale * loss_fn(q1 @ k2.T, eye, None) + scale * loss_fn(q2 @ k1.T, eye, None)
+
+
+def _encode(module: nn.Module, kind: str, batch, rows: slice) -> tuple[torch.Tensor, ...]:
+    if kind == "metric":
+        return (module.encoder(batch[0][rows]),)
+    if kind == "clip":
+        tokens = module.clip.tokenize(batch["text"][rows])
+        image = F.normalize(module.clip.model.encode_image(batch["image"][rows]).float(), dim=-1)
+        text = F.normalize(module.clip.model.encode_text(tokens).float(), dim=-1)
+        return image, text
+    x1, x2 = (v[rows] for v in batch["views"])
+    q1, q2 = module.predictor(module.online(x1)), module.predictor(module.online(x2))
+    with torch.no_grad():
+        k1, k2 = module.momentum_encoder(x1), module.momentum_encoder(x2)
+    return q1, q2, k1, k2
 
 
 def grads(module: nn.Module) -> dict[str, torch.Tensor]:
