@@ -20,6 +20,7 @@ from rl_gap.models.clip import tiny_clip_config
 from rl_gap.modules.clip_finetune import CLIPFineTuneModule
 from rl_gap.modules.metric_learning import MetricLearningModule
 from rl_gap.modules.moco_v3 import MoCoV3Module
+from rl_gap.precision import widen
 
 N = 8
 TINY_VIT = dict(img_size=8, patch_size=4, depth=1, embed_dim=16, num_heads=2)
@@ -91,7 +92,7 @@ def reference_loss(
     for rows in chunks(N, size):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             pieces.append(_encode(module, kind, batch, rows))
-    parts = [torch.cat(column).float() if bf16 else torch.cat(column) for column in zip(*pieces)]
+    parts = [widen(torch.cat(column)) for column in zip(*pieces)]  # bf16 -> float32
     if kind == "metric":
         (emb,) = parts
         labels = batch[1]
@@ -112,8 +113,8 @@ def _encode(module: nn.Module, kind: str, batch, rows: slice) -> tuple[torch.Ten
         return (module.encoder(batch[0][rows]),)
     if kind == "clip":
         tokens = module.clip.tokenize(batch["text"][rows])
-        image = F.normalize(module.clip.model.encode_image(batch["image"][rows]).float(), dim=-1)
-        text = F.normalize(module.clip.model.encode_text(tokens).float(), dim=-1)
+        image = F.normalize(widen(module.clip.model.encode_image(batch["image"][rows])), dim=-1)
+        text = F.normalize(widen(module.clip.model.encode_text(tokens)), dim=-1)
         return image, text
     x1, x2 = (v[rows] for v in batch["views"])
     q1, q2 = module.predictor(module.online(x1)), module.predictor(module.online(x2))
