@@ -12,11 +12,19 @@ of this rank's consecutive block of rows of the global matrix against the
 gathered batch's columns) has the loss computed sharded
 (``loss_fn(..., sharded=True)``): each rank scores B/W rows instead of all B,
 and the update still equals one process holding the global batch.
+
+Micro-batches (``micro_batch_size``, docs/distributed.md): a subclass that implements
+``batch_rows(batch)`` and ``encode_rows(batch, rows)`` (and ``frozen_rows`` for
+embeddings without gradient) gets its embeddings from :meth:`step_embeddings`, which
+with ``micro_batch_size`` set encodes the batch in micro-batches with gradient caching
+(``rl_gap.modules.grad_cache``): one loss on the whole global batch, the same update,
+activations of one micro-batch at a time.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from typing import Any
 
 import lightning as L
@@ -26,6 +34,8 @@ from rl_gap import dist
 from rl_gap.losses import loss_from_config
 from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.sharding import supports_sharding, warn_replicated
+from rl_gap.modules.grad_cache import cached_encode
+from rl_gap.modules.split_batch import check_split_batch, warn_batchnorm
 from rl_gap.optim import (
     build_optimizer,
     build_scheduler,
@@ -44,6 +54,26 @@ def check_shard_loss(value: str | bool) -> str:
     if mode not in SHARD_LOSS_MODES:
         raise ValueError(f"shard_loss must be one of {SHARD_LOSS_MODES} (or a bool), got {value!r}")
     return mode
+
+
+def enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
+    """timm's ``set_grad_checkpointing(True)``; a clear error for a model without it."""
+    setter = getattr(model, "set_grad_checkpointing", None)
+    try:
+        if not callable(setter):
+            raise NotImplementedError
+        setter(True)
+    except (AssertionError, NotImplementedError) as err:
+        raise ValueError(
+            f"grad_checkpointing: backbone {name!r} does not support gradient checkpointing"
+        ) from err
+
+
+def compile_in_place(modules: Iterable[torch.nn.Module | None]) -> None:
+    """``torch.compile`` each module in place (``Module.compile``: state-dict keys unchanged)."""
+    for module in modules:
+        if isinstance(module, torch.nn.Module):
+            module.compile()
 
 
 class RankingModule(L.LightningModule, abc.ABC):
@@ -65,6 +95,12 @@ class RankingModule(L.LightningModule, abc.ABC):
             loss supports it, else the replicated loss with one warning), ``true``
             (shard; an error if the loss cannot be sharded) or ``false`` (every rank
             computes the loss on the whole global matrix).
+        micro_batch_size: encode each rank's batch in micro-batches of this many samples
+            with gradient caching: the loss and update of the whole batch, the activation
+            memory of a micro-batch, about one extra forward pass of time. None = off.
+            With BatchNorm the statistics are per micro-batch (a warning says so).
+        allow_split_batch: accept trainer settings that hand the loss a part of the batch
+            (``accumulate_grad_batches > 1``): a different objective, refused by default.
     """
 
     def __init__(
@@ -80,9 +116,20 @@ class RankingModule(L.LightningModule, abc.ABC):
         min_lr_ratio: float = 0.0,
         lr_scales: dict[str, float] | None = None,
         shard_loss: str | bool = "auto",
+        micro_batch_size: int | None = None,
+        allow_split_batch: bool = False,
     ) -> None:
         super().__init__()
         self.shard_loss = check_shard_loss(shard_loss)
+        if micro_batch_size is not None and (
+            isinstance(micro_batch_size, bool) or int(micro_batch_size) != micro_batch_size
+            or micro_batch_size < 1
+        ):  # fmt: skip
+            raise ValueError(
+                f"micro_batch_size must be a positive integer or None, got {micro_batch_size!r}"
+            )
+        self.micro_batch_size = None if micro_batch_size is None else int(micro_batch_size)
+        self.allow_split_batch = bool(allow_split_batch)
         # Before anything is built: `--model.lr nan` fails here, naming the setting.
         check_optimizer_settings(
             optimizer, lr, weight_decay, betas, momentum, scheduler, warmup, min_lr_ratio, lr_scales
@@ -120,6 +167,51 @@ class RankingModule(L.LightningModule, abc.ABC):
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Return (sim, rel, valid) over the global batch. Subclasses implement."""
+
+    # ----------------------------------------------------------- micro-batches
+    def batch_rows(self, batch: Any) -> int:
+        """Samples in this rank's batch (subclasses that support ``micro_batch_size``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support micro_batch_size")
+
+    def encode_rows(self, batch: Any, rows: slice) -> tuple[torch.Tensor, ...]:
+        """The differentiable embeddings of ``rows`` of the batch, one tensor per tower or view."""
+        raise NotImplementedError(f"{type(self).__name__} does not support micro_batch_size")
+
+    def frozen_rows(self, batch: Any, rows: slice) -> tuple[torch.Tensor, ...]:
+        """Embeddings of ``rows`` computed without gradient (MoCo's keys); none by default."""
+        return ()
+
+    def step_embeddings(
+        self, batch: Any
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """``(encode_rows, frozen_rows)`` of the whole batch; micro-batched when configured.
+
+        Micro-batching applies when ``micro_batch_size`` is below this rank's batch and
+        autograd is on (training); otherwise the batch is encoded in one pass.
+        """
+        n = self.batch_rows(batch)
+        everything = slice(0, n)
+        params = [
+            p
+            for n_, p in self.named_parameters()
+            if p.requires_grad and not n_.startswith("loss_fn.")
+        ]
+        size = self.micro_batch_size
+        if size is None or size >= n or not torch.is_grad_enabled() or not params:
+            return self.encode_rows(batch, everything), self.frozen_rows(batch, everything)
+        return cached_encode(
+            lambda rows: self.encode_rows(batch, rows), n, size, params, self,
+            frozen=lambda rows: self.frozen_rows(batch, rows),
+        )  # fmt: skip
+
+    def setup(self, stage: str) -> None:
+        """Refuse trainer settings that split the batch the loss sees; warn about BatchNorm."""
+        if stage != "fit":
+            return
+        if self._trainer is not None:
+            check_split_batch(self._trainer, self.allow_split_batch)
+        if self.micro_batch_size is not None:
+            warn_batchnorm(self)
 
     # ----------------------------------------------------------- sharded loss
     def shards_loss(self) -> bool:

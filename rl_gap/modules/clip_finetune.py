@@ -24,7 +24,7 @@ from rl_gap.metrics.functional import evaluate_embeddings
 from rl_gap.metrics.functional.sharding import Shard, process_group_shard
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder
-from rl_gap.modules.base import RankingModule
+from rl_gap.modules.base import RankingModule, compile_in_place
 from rl_gap.precision import full_precision_similarity
 
 RECALL_KS = (1, 5, 10)
@@ -79,8 +79,11 @@ class CLIPFineTuneModule(RankingModule):
             counted from the output: 1 = the projection, 2 = also the last
             block and final norm, ...).
         grad_checkpointing: activation checkpointing in both towers.
+        compile: ``torch.compile`` the image tower and the text transformer (in place;
+            checkpoints keep their keys).
         optimizer, lr, weight_decay, betas, momentum, scheduler, warmup,
-        min_lr_ratio, lr_scales, shard_loss: see ``RankingModule``.
+        min_lr_ratio, lr_scales, shard_loss, micro_batch_size, allow_split_batch:
+            see ``RankingModule`` (with ``micro_batch_size`` both towers are cached).
 
     Mixed precision is Lightning's (``trainer.precision: bf16-mixed``); the
     similarity matrix the loss ranks is always computed in float32, since
@@ -99,6 +102,7 @@ class CLIPFineTuneModule(RankingModule):
         lock_text: bool = False,
         lock_text_unlocked_layers: int = 0,
         grad_checkpointing: bool = False,
+        compile: bool = False,
         optimizer: str = "adamw",
         lr: float = 1e-5,
         weight_decay: float = 0.1,
@@ -109,9 +113,13 @@ class CLIPFineTuneModule(RankingModule):
         min_lr_ratio: float = 0.0,
         lr_scales: dict[str, float] | None = None,
         shard_loss: str | bool = "auto",
+        micro_batch_size: int | None = None,
+        allow_split_batch: bool = False,
     ) -> None:
         super().__init__(
             shard_loss=shard_loss,
+            micro_batch_size=micro_batch_size,
+            allow_split_batch=allow_split_batch,
             loss=loss,
             optimizer=optimizer,
             lr=lr,
@@ -129,6 +137,10 @@ class CLIPFineTuneModule(RankingModule):
             self.clip.lock_image_tower(lock_image_unlocked_groups)
         if lock_text:
             self.clip.lock_text_tower(lock_text_unlocked_layers)
+        if compile:  # the image tower and the text transformer
+            compile_in_place(
+                getattr(self.clip.model, n, None) for n in ("visual", "transformer", "text")
+            )
         self.loss_scale_from_pretrained = False
         # (class names, templates) -> (text tower version, (C, E) classifier)
         self._zero_shot_cache: dict[tuple, tuple[tuple, torch.Tensor]] = {}
@@ -141,6 +153,7 @@ class CLIPFineTuneModule(RankingModule):
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
         """Hand the model's tokenizer and preprocessing to a CLIP DataModule."""
+        super().setup(stage)
         trainer = self._trainer
         datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
         if datamodule is not None and hasattr(datamodule, "configure_for_model"):
@@ -161,15 +174,23 @@ class CLIPFineTuneModule(RankingModule):
     def encode_text(self, text: torch.Tensor | list[str]) -> torch.Tensor:
         return self.clip.encode_text(self.tokens(text))
 
+    def batch_rows(self, batch: dict[str, Any]) -> int:
+        for key in ("image", "text", "group"):
+            if key not in batch:
+                raise ValueError(f"CLIP batches need 'image', 'text' and 'group'; missing {key!r}")
+        return int(batch["image"].shape[0])
+
+    def encode_rows(self, batch: dict[str, Any], rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both towers' embeddings of ``rows`` (images, captions)."""
+        return self.encode_image(batch["image"][rows]), self.encode_text(batch["text"][rows])
+
     def global_similarity(
         self, batch: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(sim (B, B) float32, rel (B, B) bool, None) over the global batch."""
-        for key in ("image", "text", "group"):
-            if key not in batch:
-                raise ValueError(f"CLIP batches need 'image', 'text' and 'group'; missing {key!r}")
-        images = self.gather(self.encode_image(batch["image"]))
-        texts = self.gather(self.encode_text(batch["text"]))
+        (images, texts), _ = self.step_embeddings(batch)
+        images = self.gather(images)
+        texts = self.gather(texts)
         groups = self.gather_labels(batch["group"].to(self.device))
         sim = full_precision_similarity(images, texts)
         rel = caption_group_relevance(groups, groups)
@@ -179,11 +200,8 @@ class CLIPFineTuneModule(RankingModule):
         self, batch: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """This rank's image rows against every gathered caption (the sharded loss's input)."""
-        for key in ("image", "text", "group"):
-            if key not in batch:
-                raise ValueError(f"CLIP batches need 'image', 'text' and 'group'; missing {key!r}")
-        images = self.encode_image(batch["image"])
-        texts = self.gather(self.encode_text(batch["text"]))
+        (images, texts), _ = self.step_embeddings(batch)
+        texts = self.gather(texts)
         local_groups = batch["group"].to(self.device)
         groups = self.gather_labels(local_groups)
         sim = full_precision_similarity(images, texts)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rl_gap.models.encoder import EmbeddingEncoder
-from rl_gap.modules.base import RankingModule
+from rl_gap.modules.base import RankingModule, compile_in_place, enable_grad_checkpointing
 from rl_gap.precision import full_precision_similarity
 
 
@@ -45,10 +45,13 @@ class MetricLearningModule(RankingModule):
         backbone_kwargs: extra ``timm.create_model`` arguments.
         pretrained: timm's pretrained weights for ``backbone`` through timm's download and
             cache; None = only for ``hf-hub:`` names.
+        grad_checkpointing: activation checkpointing in the timm backbone
+            (``set_grad_checkpointing``): less memory, one more forward in backward.
+        compile: ``torch.compile`` the encoder (in place; checkpoints keep their keys).
         eval_plots: save (and send to W&B) the global PR curve and the
             per-query-threshold histogram at every evaluation.
         **kwargs: :class:`RankingModule` settings: ``loss``, ``optimizer``, ``lr``,
-            ``weight_decay``, ``scheduler``, ``warmup``, ``lr_scales``, ...
+            ``weight_decay``, ``scheduler``, ``warmup``, ``lr_scales``, ``micro_batch_size``, ...
 
     Batches are ``(images (B, C, H, W), labels (B,), indices (B,))``.
     """
@@ -62,6 +65,8 @@ class MetricLearningModule(RankingModule):
         backbone_kwargs: dict[str, Any] | None = None,
         eval_plots: bool = True,
         pretrained: bool | None = None,
+        grad_checkpointing: bool = False,
+        compile: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -75,6 +80,10 @@ class MetricLearningModule(RankingModule):
             pretrained=pretrained,
         )
         self.eval_plots = eval_plots
+        if grad_checkpointing:
+            enable_grad_checkpointing(self.encoder.backbone, backbone)
+        if compile:
+            compile_in_place([self.encoder])
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, dim) unit-norm embeddings."""
@@ -84,9 +93,9 @@ class MetricLearningModule(RankingModule):
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(sim (B, B) float32 even under bf16 autocast, rel, valid) of the global batch."""
-        images, labels = batch[0], batch[1]
-        embeddings = self.gather(self(images))
-        labels = self.gather_labels(labels)
+        (local,), _ = self.step_embeddings(batch)
+        embeddings = self.gather(local)
+        labels = self.gather_labels(batch[1])
         rel, valid = same_label_relevance(labels)
         return full_precision_similarity(embeddings), rel, valid
 
@@ -94,8 +103,8 @@ class MetricLearningModule(RankingModule):
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """This rank's rows of ``global_similarity``: (sim (n, B), rel, valid), for the sharded loss."""
-        images, labels = batch[0], batch[1]
-        local = self(images)
+        labels = batch[1]
+        (local,), _ = self.step_embeddings(batch)
         embeddings = self.gather(local)
         all_labels = self.gather_labels(labels)
         rows = self.local_rows(local.shape[0], local.device)
@@ -104,6 +113,12 @@ class MetricLearningModule(RankingModule):
         own = torch.arange(local.shape[0], device=rel.device)
         valid[own, own + rows.start] = False  # an image is not its own match
         return full_precision_similarity(local, embeddings), rel, valid
+
+    def batch_rows(self, batch: Any) -> int:
+        return int(batch[0].shape[0])
+
+    def encode_rows(self, batch: Any, rows: slice) -> tuple[torch.Tensor]:
+        return (self(batch[0][rows]),)
 
     def _embed_step(self, batch: Any) -> dict[str, torch.Tensor]:
         images, labels, indices = batch[0], batch[1], batch[2]

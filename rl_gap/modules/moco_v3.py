@@ -41,7 +41,7 @@ from rl_gap.models.moco import (
     momentum_coefficient,
     momentum_update,
 )
-from rl_gap.modules.base import RankingModule
+from rl_gap.modules.base import RankingModule, compile_in_place, enable_grad_checkpointing
 from rl_gap.precision import full_precision_normalize, full_precision_similarity
 
 DEFAULT_LOSS = {"name": "infonce", "temperature": 0.2, "symmetric": False}
@@ -77,9 +77,13 @@ class MoCoV3Module(RankingModule):
         retrieval_max_queries: the evaluated images' features are also ranked
             against each other (leave-one-out, relevance = same label) for
             gAP/mAP/R@1; this caps how many (0 disables it).
+        grad_checkpointing: activation checkpointing in the timm backbone
+            (``set_grad_checkpointing``; the momentum encoder runs without gradient).
+        compile: ``torch.compile`` the online encoder, predictor and momentum encoder.
         loss, optimizer, lr, weight_decay, betas, momentum_sgd, scheduler, warmup,
-            min_lr_ratio, lr_scales, shard_loss: see :class:`RankingModule` (``momentum_sgd``
-            is its SGD/LARS ``momentum``).
+            min_lr_ratio, lr_scales, shard_loss, micro_batch_size, allow_split_batch: see
+            :class:`RankingModule` (``momentum_sgd`` is its SGD/LARS ``momentum``; with
+            ``micro_batch_size`` the queries are cached and the keys computed once).
     """
 
     def __init__(
@@ -100,6 +104,8 @@ class MoCoV3Module(RankingModule):
         knn_k: int = 20,
         knn_temperature: float = 0.07,
         retrieval_max_queries: int = 10000,
+        grad_checkpointing: bool = False,
+        compile: bool = False,
         loss: dict[str, Any] | None = None,
         optimizer: str = "adamw",
         lr: float = 1.5e-4,
@@ -111,9 +117,13 @@ class MoCoV3Module(RankingModule):
         min_lr_ratio: float = 0.0,
         lr_scales: dict[str, float] | None = None,
         shard_loss: str | bool = "auto",
+        micro_batch_size: int | None = None,
+        allow_split_batch: bool = False,
     ) -> None:
         super().__init__(
             shard_loss=shard_loss,
+            micro_batch_size=micro_batch_size,
+            allow_split_batch=allow_split_batch,
             loss=dict(loss or DEFAULT_LOSS),
             optimizer=optimizer,
             lr=lr,
@@ -151,7 +161,11 @@ class MoCoV3Module(RankingModule):
             last_bn=vit if predictor_last_bn is None else predictor_last_bn,
             batchnorm=mlp_batchnorm,
         )
+        if grad_checkpointing:
+            enable_grad_checkpointing(net, backbone)
         self.momentum_encoder = make_momentum_copy(self.online)
+        if compile:
+            compile_in_place([self.online, self.predictor, self.momentum_encoder])
         self.base_momentum = momentum
         self.momentum_schedule = momentum_schedule
         self.loss_scale = loss_scale
@@ -240,8 +254,7 @@ class MoCoV3Module(RankingModule):
 
         Sharded (``shard_loss``): each rank ranks its own queries against all keys.
         """
-        q1, q2 = self.queries(x1), self.queries(x2)
-        k1, k2 = self.keys(x1), self.keys(x2)
+        (q1, q2), (k1, k2) = self.step_embeddings({"views": [x1, x2]})
         scale = self.loss_scale_value()
         sharded = self.shards_loss()
         total = 0.0
@@ -253,6 +266,19 @@ class MoCoV3Module(RankingModule):
                 sim, rel = self.pair_similarity(q, k)
                 total = total + scale * self.loss_fn(sim, rel, None)
         return total
+
+    def batch_rows(self, batch: Any) -> int:
+        return int(self._views(batch)[0].shape[0])
+
+    def encode_rows(self, batch: Any, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both views' queries of ``rows`` (online encoder and predictor)."""
+        x1, x2 = self._views(batch)
+        return self.queries(x1[rows]), self.queries(x2[rows])
+
+    def frozen_rows(self, batch: Any, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both views' momentum keys of ``rows``: computed once, never replayed."""
+        x1, x2 = self._views(batch)
+        return self.keys(x1[rows]), self.keys(x2[rows])
 
     def global_similarity(self, batch: dict[str, Any]):
         """Both view pairs as one block-diagonal (2N, 2N) matrix, off-diagonal blocks invalid.

@@ -6,7 +6,9 @@
   (``--print_config`` shows exactly that);
 - a recipe with loose (old-style) loss keys refused when the loss is swapped;
 - the loss's and the optimizer's own value checks (``temperature: 0``, ``lr: -1``) as one
-  line naming the key, not a Union traceback.
+  line naming the key, not a Union traceback;
+- ``trainer.accumulate_grad_batches > 1`` refused for a ranking module unless
+  ``model.allow_split_batch`` is true (``rl_gap.modules.split_batch``).
 """
 
 from __future__ import annotations
@@ -169,6 +171,9 @@ class RLGapArgumentParser(LightningArgumentParser):
             message = _optimizer_settings_error(cfg.get(f"{prefix}model.init_args"))
             if message:
                 self.error(f"--model.init_args: {message}")
+            message = _split_batch_error(cfg, prefix)
+            if message:
+                self.error(message)
             if section is not None and _print_config_requested(self):
                 cfg[key] = normalize_loss_section(section, expand=True)
         return super()._parse_common(cfg, *args, **kwargs)
@@ -227,3 +232,19 @@ def _optimizer_settings_error(init_args: Any) -> str | None:
     except (ValueError, TypeError) as err:
         return str(err)
     return None
+
+
+def _split_batch_error(cfg: Any, prefix: str) -> str | None:
+    """Gradient accumulation would hand a ranking loss parts of its batch (and no opt-in)."""
+    from rl_gap.modules.split_batch import split_batch_error
+
+    try:
+        factor = cfg.get(f"{prefix}trainer.accumulate_grad_batches")
+        init_args = cfg.get(f"{prefix}model.init_args")
+    except (KeyError, AttributeError, TypeError):
+        return None
+    if init_args is None or not hasattr(init_args, "get") or "allow_split_batch" not in init_args:
+        return None  # not a ranking module
+    if not isinstance(factor, int) or factor <= 1 or init_args.get("allow_split_batch"):
+        return None
+    return split_batch_error("trainer.accumulate_grad_batches", factor)

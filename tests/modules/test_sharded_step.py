@@ -38,6 +38,7 @@ TINY_VIT = dict(img_size=8, patch_size=4, in_chans=1, depth=1, embed_dim=16, num
 # SupAP's step) however the loss is computed, replicated or sharded.
 CAPTIONS = ["LETTER A", "DIGIT ONE", "ALPHA", "E WITH CARON", "SMALL A", "TWO", "OMEGA", "CARON"]
 GROUPS = [0, 1, 2, 3, 0, 5, 6, 3]
+MICRO = "micro_batch_size"  # a case key that is a module setting, not a loss keyword
 SGD = dict(optimizer="sgd", lr=0.1, weight_decay=0.0, scheduler="none")
 
 # The default suite: each module with a loss that takes the fast gSAP kernel with
@@ -45,6 +46,8 @@ SGD = dict(optimizer="sgd", lr=0.1, weight_decay=0.0, scheduler="none")
 # (a gradient not linear in the upstream gradient).
 DEFAULT_CASES = [
     ("metric", "gsap", {"impl": "fast", "temperature": 0.05, "neg_drop": 0.5}),
+    # micro_batch_size (gradient caching, tests/modules/test_micro_batch_ddp.py): the same step
+    ("metric", "gsap", {"impl": "fast", "temperature": 0.05, "neg_drop": 0.5, MICRO: 2}),
     ("metric", "gblackbox", {"neg_drop": 0.3}),
     ("clip", "infonce", {"symmetric": True, "learnable_scale": True}),
     ("clip", "siglip", {}),
@@ -63,6 +66,8 @@ def all_cases() -> list[tuple[str, str, dict]]:
 
 def make_module(kind: str, loss_name: str, kwargs: dict) -> nn.Module:
     torch.manual_seed(0)
+    kwargs = dict(kwargs)
+    micro_batch_size = kwargs.pop(MICRO, None)
     loss = {"name": loss_name, **kwargs}
     if kind == "metric":
         module = MetricLearningModule(
@@ -81,6 +86,7 @@ def make_module(kind: str, loss_name: str, kwargs: dict) -> nn.Module:
             backbone="vit_tiny_patch16_224", backbone_kwargs=TINY_VIT, hidden_dim=16,
             embed_dim=6, mlp_batchnorm=False, loss=loss, shard_loss=True, **SGD,
         )  # fmt: skip
+    module.micro_batch_size = micro_batch_size
     return module.double()
 
 
@@ -141,6 +147,7 @@ def _check(tmp_path: Path, cases: list) -> None:
     warnings.filterwarnings("ignore")
     for kind, name, kwargs in cases:
         reference = make_module(kind, name, kwargs)
+        reference.micro_batch_size = None  # the reference is the one-pass step
         assert not reference.shards_loss()  # one process: the plain loss on the whole matrix
         ref_loss = reference.training_step(make_batch(kind, slice(0, 8)), 0)
         ref_loss.backward()

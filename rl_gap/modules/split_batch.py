@@ -1,0 +1,63 @@
+"""No silent change of objective: trainer settings that split the batch the loss ranks.
+
+Lightning's gradient accumulation (``trainer.accumulate_grad_batches: k``, or a
+``GradientAccumulationScheduler`` callback) runs the training step on k smaller batches
+and sums their gradients. For a per-sample loss that is the same update; for a ranking
+loss over the global batch it is not: gSAP ranks k lists of B/k instead of one list of B
+(each with its own negatives, its own dropped negatives, its own normalisation), a
+different objective than the recipe states. So it is refused unless the model opts in
+with ``allow_split_batch: true``; ``micro_batch_size`` is the exact way to save memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def split_batch_error(setting: str, factor: int) -> str:
+    """The one-line refusal of a setting that splits each batch into ``factor`` parts."""
+    return (
+        f"{setting}={factor} would split each batch into {factor} parts ranked separately "
+        f"by the loss ({factor} lists of B/{factor} instead of one list of B: a different "
+        f"objective than the recipe's); for the same objective on less memory set "
+        f"--model.micro_batch_size M (exact gradient caching), or pass "
+        f"--model.allow_split_batch true to train on split batches anyway"
+    )
+
+
+def split_batch_setting(trainer: Any) -> tuple[str, int] | None:
+    """The trainer's first batch-splitting setting as ``(name, factor)``, or None."""
+    factor = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    if factor > 1:
+        return "trainer.accumulate_grad_batches", factor
+    for callback in getattr(trainer, "callbacks", []) or []:
+        if isinstance(callback, GradientAccumulationScheduler):
+            most = max(callback.scheduling.values(), default=1)
+            if most > 1:
+                return "GradientAccumulationScheduler factor", int(most)
+    return None
+
+
+def check_split_batch(trainer: Any, allowed: bool) -> None:
+    """Raise ``ValueError`` when the trainer splits the loss's batch and it is not allowed."""
+    if allowed:
+        return
+    found = split_batch_setting(trainer)
+    if found is not None:
+        raise ValueError(split_batch_error(*found))
+
+
+def warn_batchnorm(module: nn.Module) -> None:
+    """Warn (once per process) that BatchNorm statistics become per micro-batch."""
+    names = sorted({type(m).__name__ for m in module.modules() if isinstance(m, _BatchNorm)})
+    if names:
+        rank_zero_warn(
+            f"micro_batch_size with BatchNorm ({', '.join(names)}): batch statistics are "
+            "computed per micro-batch (as per-rank BatchNorm is per rank), so the step "
+            "differs from the full-batch one; LayerNorm/GroupNorm models are exact"
+        )
