@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
+    from rl_gap.training.stop_request import listen_for_sigterm
+
+    listen_for_sigterm()  # a SIGTERM while torch/Lightning load is recorded, not fatal
     from rl_gap.training.cli import run_lightning_cli
 
     # LightningCLI reads sys.argv itself when called from the console script.

@@ -21,31 +21,61 @@ launcher, which is not always a training process:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.multiprocessing as mp
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_subprocess
 from lightning.pytorch.strategies.launchers import subprocess_script as pl_subprocess
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+from rl_gap.training.stop_request import (
+    LAUNCHER_PID_ENV,
+    die_with_launcher,
+    listen_for_sigterm,
+    request_stop,
+)
+
 SIGTERM_EXIT_CODE = 128 + 15
+STOP_EXIT_CODES = (128 + 15, 128 + 2)  # a rank stopped on SIGTERM / Ctrl-C after saving
 WAIT_FOR_RANKS_S = 120.0  # how long the launcher waits for ranks that are stopping
 
 
 class _ObserverAllowingSigtermExit(fabric_subprocess._ChildProcessObserver):
-    """Lightning's observer, except that a rank exiting 143 (stopped on SIGTERM) is not a crash."""
+    """Lightning's observer, except that a rank stopping on a signal is not a crash.
+
+    A rank that exits 143/130 saved with the others (the launcher waits for them); a
+    rank killed by SIGTERM/SIGINT itself was signalled while it was starting, before it
+    could record the signal: nothing was trained, so every process stops at once
+    (the other ranks are killed, the launcher exits 143), without a rank left behind.
+    """
 
     def _run(self) -> bool:
         for proc in self._child_processes:
             proc.poll()
-        if any(proc.returncode == SIGTERM_EXIT_CODE for proc in self._child_processes):
+        codes = [proc.returncode for proc in self._child_processes]
+        if any(code in STOP_EXIT_CODES for code in codes):
             return True  # the ranks are stopping together; the launcher waits for them
+        if any(code in (-signal.SIGTERM, -signal.SIGINT) for code in codes):
+            for proc in self._child_processes:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+            for proc in self._child_processes:
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    proc.wait(timeout=WAIT_FOR_RANKS_S)
+            sys.stderr.write(
+                f"rl-gap: a rank was stopped by a signal while starting (statuses {codes}); "
+                "nothing was trained, every process stopped\n"
+            )
+            sys.stderr.flush()
+            os._exit(SIGTERM_EXIT_CODE)
         return super()._run()
 
 
@@ -58,35 +88,120 @@ def _alive_workers(launcher: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def sigterm_safe_launch(launcher: Any) -> Iterator[None]:
-    """Run a fit under ``launcher`` so that a SIGTERM to the launcher ends every process with 143."""
-    if isinstance(launcher, _SubprocessScriptLauncher):
-        original = pl_subprocess._launch_process_observer
-        pl_subprocess._launch_process_observer = _launch_observer
-        try:
-            yield
-        finally:
-            pl_subprocess._launch_process_observer = original
-        return
-    if not isinstance(launcher, _MultiProcessingLauncher) or (
-        threading.current_thread() is not threading.main_thread()
-    ):
-        yield
-        return
-
-    def forward(signum: int, frame: Any) -> None:
-        workers = _alive_workers(launcher)
-        if not workers:  # not started yet: nothing was trained, nothing to save
-            raise SystemExit(SIGTERM_EXIT_CODE)
-        for proc in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signum)
-
-    previous = signal.signal(signal.SIGTERM, forward)
+def _signals_blocked() -> Iterator[None]:
+    """SIGTERM/SIGINT held back (not lost) in this thread: a handler never runs mid-launch."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _rank_entry(function: Callable[..., Any], *args: Any) -> Any:
+    """A ddp_spawn worker: die with the launcher, record SIGTERM from the start, then run."""
+    die_with_launcher()
+    listen_for_sigterm()
+    return function(*args)
+
+
+@contextlib.contextmanager
+def _launcher_pid_for_ranks() -> Iterator[None]:
+    previous = os.environ.get(LAUNCHER_PID_ENV)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+        else:
+            os.environ[LAUNCHER_PID_ENV] = previous
+
+
+@contextlib.contextmanager
+def _script_launch(launcher: Any) -> Iterator[None]:
+    original_observer = pl_subprocess._launch_process_observer
+    pl_subprocess._launch_process_observer = _launch_observer
+    original_children = launcher._call_children_scripts
+
+    def call_children_scripts() -> None:
+        with _signals_blocked():  # a SIGTERM now is handled once every rank exists
+            original_children()
+
+    launcher._call_children_scripts = call_children_scripts
+    try:
+        with _launcher_pid_for_ranks():
+            yield
+        wait_for_workers(launcher)  # the run lock is released only after every rank ended
+    finally:
+        pl_subprocess._launch_process_observer = original_observer
+        with contextlib.suppress(AttributeError):
+            del launcher._call_children_scripts
+
+
+@contextlib.contextmanager
+def _spawn_launch(launcher: Any) -> Iterator[None]:
+    started: list[Any] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        # the launcher trains nothing: record, pass the stop on to the workers (SIGTERM
+        # even for Ctrl-C: their first signal decides their exit status), never raise
+        request_stop(signum)
+        for proc in [p for p in started or _alive_workers(launcher) if p.is_alive()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+
+    original_start = mp.start_processes
+
+    def start_processes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with _signals_blocked():  # held back until the worker list is known, then forwarded
+            context = original_start(functools.partial(_rank_entry, fn), *args, **kwargs)
+            started[:] = context.processes
+        return context
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    mp.start_processes = start_processes
+    try:
+        with _launcher_pid_for_ranks():
+            yield
+    finally:
+        mp.start_processes = original_start
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def sigterm_safe_launch(launcher: Any) -> Iterator[None]:
+    """Run a fit under ``launcher`` so that a SIGTERM to any of its processes ends all with 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+    elif isinstance(launcher, _SubprocessScriptLauncher):
+        with _script_launch(launcher):
+            yield
+    elif isinstance(launcher, _MultiProcessingLauncher):
+        with _spawn_launch(launcher):
+            yield
+    else:
+        yield
+
+
+def wait_for_workers(launcher: Any, timeout: float = WAIT_FOR_RANKS_S) -> list[int | None]:
+    """Wait for the launcher's worker processes (killed after ``timeout``); their statuses."""
+    codes = []
+    for proc in list(getattr(launcher, "procs", []) or []):
+        if isinstance(proc, subprocess.Popen):
+            try:
+                codes.append(proc.wait(timeout=timeout))
+            except subprocess.TimeoutExpired:  # stuck, e.g. in a collective
+                proc.kill()
+                codes.append(proc.wait())
+        else:  # multiprocessing.Process (ddp_spawn)
+            proc.join(timeout=timeout)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            codes.append(proc.exitcode)
+    return codes
 
 
 @contextlib.contextmanager
@@ -107,17 +222,7 @@ def report_workers_stopped(launcher: Any) -> None:
     procs = list(getattr(launcher, "procs", []) or [])
     if not procs:
         return
-    codes = []
-    for proc in procs:
-        if isinstance(proc, subprocess.Popen):
-            try:
-                codes.append(proc.wait(timeout=WAIT_FOR_RANKS_S))
-            except subprocess.TimeoutExpired:  # stuck, e.g. in a collective
-                proc.kill()
-                codes.append(proc.wait())
-        else:  # multiprocessing.Process (ddp_spawn), already joined by the launcher
-            proc.join(timeout=WAIT_FOR_RANKS_S)
-            codes.append(proc.exitcode)
+    codes = wait_for_workers(launcher)
     sys.stderr.write(
         f"rl-gap: SIGTERM: worker process(es) {[p.pid for p in procs]} exited with {codes}\n"
     )
