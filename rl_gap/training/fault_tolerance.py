@@ -114,6 +114,7 @@ class FaultTolerance(Callback):
         self.sigterm_pending = False  # set by the signal handler, acted on at a step boundary
         self.stop_signum = signal.SIGTERM  # what stopped the fit (SIGINT: Ctrl-C)
         self._last_saved_step = -1
+        self._stopped_before_start = False
         self._wrapped_hooks: list[tuple[Any, str]] = []
         self._previous_sigint: Any = None
 
@@ -136,6 +137,7 @@ class FaultTolerance(Callback):
             return
         self.sigterm_pending, self.sigterm_checkpoint = False, None
         self.stop_signum = signal.SIGTERM
+        self._stopped_before_start = False
         # A SIGTERM from now until Lightning installs its handler (just before the first
         # step) is recorded too, and acted on before the first step (on_train_start).
         listen_for_sigterm()
@@ -184,6 +186,7 @@ class FaultTolerance(Callback):
             # checkpoint is untouched); every process stops together
             clear_stop_request()
             _ignore_further_sigterms()
+            self._stopped_before_start = True
             if trainer.is_global_zero:
                 print(
                     f"rl-gap: {self.stop_signum.name} while the run was starting (before "
@@ -299,6 +302,8 @@ class FaultTolerance(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        if self._stopped_before_start:
             return
         if self.sigterm_checkpoint is None:  # raised by Lightning itself, not at a step boundary
             self._save_on_sigterm(trainer)
