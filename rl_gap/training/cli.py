@@ -358,9 +358,9 @@ class RLGapCLI(LightningCLI):
         except SIGTERMException as err:
             # a killed job must not look successful (FaultTolerance wrote the checkpoint)
             self._finish_wandb()
-            stopped_before_start = stop_requested() is not None
-            if self._fault_tolerance is None or self._fault_tolerance.sigterm_checkpoint is None:
-                if not stopped_before_start:
+            ft = self._fault_tolerance
+            if ft is None or ft.sigterm_checkpoint is None:
+                if ft is None or not ft._stopped_before_start:
                     sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
             with ignoring_sigterm():  # stopping already: a second SIGTERM must not cut it short
                 report_workers_stopped(launcher)

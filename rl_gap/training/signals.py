@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,6 +43,7 @@ from rl_gap.training.stop_request import (
     die_with_launcher,
     listen_for_sigterm,
     request_stop,
+    stop_requested,
 )
 
 SIGTERM_EXIT_CODE = 128 + 15
@@ -87,17 +90,6 @@ def _alive_workers(launcher: Any) -> list[Any]:
     return [p for p in getattr(launcher, "procs", []) or [] if p.is_alive()]
 
 
-@contextlib.contextmanager
-def _signals_blocked() -> Iterator[None]:
-    """SIGTERM/SIGINT held back (not lost) in this thread: a handler never runs mid-launch."""
-    stops = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _rank_entry(function: Callable[..., Any], *args: Any) -> Any:
     """A ddp_spawn worker: die with the launcher, record SIGTERM from the start, then run."""
     die_with_launcher()
@@ -122,41 +114,89 @@ def _launcher_pid_for_ranks() -> Iterator[None]:
 def _script_launch(launcher: Any) -> Iterator[None]:
     original_observer = pl_subprocess._launch_process_observer
     pl_subprocess._launch_process_observer = _launch_observer
-    original_children = launcher._call_children_scripts
-
-    def call_children_scripts() -> None:
-        with _signals_blocked():  # a SIGTERM now is handled once every rank exists
-            original_children()
-
-    launcher._call_children_scripts = call_children_scripts
+    # the launcher is rank 0: its SIGTERM handler only records (FaultTolerance acts on it)
     try:
         with _launcher_pid_for_ranks():
             yield
         wait_for_workers(launcher)  # the run lock is released only after every rank ended
     finally:
         pl_subprocess._launch_process_observer = original_observer
-        with contextlib.suppress(AttributeError):
-            del launcher._call_children_scripts
+
+
+class _StartAborted(Exception):
+    """A worker died while the launcher was starting the workers (after a stop request)."""
+
+
+def _watch_start(starting: list[bool], aborted: list[bool], main_thread: int) -> None:
+    # A spawned worker reads its start-up data from a pipe whose read end the launcher
+    # also holds until it has written everything: a worker killed during its start
+    # leaves the launcher blocked in that write for ever. After a stop request, a dead
+    # child interrupts the start (the launcher's handler raises on this signal).
+    while starting[0]:
+        if stop_requested() is not None:
+            try:
+                dead = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                dead = None
+            if dead is not None:
+                aborted[0] = True
+                signal.pthread_kill(main_thread, signal.SIGTERM)
+                return
+        time.sleep(0.1)
+
+
+def _kill_started_workers() -> None:
+    for proc in multiprocessing.active_children():
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.join(timeout=WAIT_FOR_RANKS_S)
 
 
 @contextlib.contextmanager
 def _spawn_launch(launcher: Any) -> Iterator[None]:
     started: list[Any] = []
+    starting = [False]
 
-    def forward(signum: int, frame: Any) -> None:
-        # the launcher trains nothing: record, pass the stop on to the workers (SIGTERM
-        # even for Ctrl-C: their first signal decides their exit status), never raise
-        request_stop(signum)
+    def pass_on() -> None:
         for proc in [p for p in started or _alive_workers(launcher) if p.is_alive()]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
 
+    aborted = [False]
+
+    def forward(signum: int, frame: Any) -> None:
+        # the launcher trains nothing: record, pass the stop on to the workers (SIGTERM
+        # even for Ctrl-C: their first signal decides their exit status); while workers
+        # are being started, wait until all exist, unless one died while starting
+        request_stop(signum)
+        if starting[0] and aborted[0]:
+            raise _StartAborted
+        if not starting[0]:
+            pass_on()
+
     original_start = mp.start_processes
 
     def start_processes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        with _signals_blocked():  # held back until the worker list is known, then forwarded
+        starting[0] = True  # a stop now is passed on once every worker exists
+        watch = threading.Thread(
+            target=_watch_start, args=(starting, aborted, threading.get_ident()), daemon=True
+        )
+        watch.start()
+        try:
             context = original_start(functools.partial(_rank_entry, fn), *args, **kwargs)
             started[:] = context.processes
+        except _StartAborted:
+            starting[0] = False
+            _kill_started_workers()
+            sys.stderr.write(
+                "rl-gap: SIGTERM while the workers were starting: nothing was trained; "
+                "every worker stopped\n"
+            )
+            raise SystemExit(SIGTERM_EXIT_CODE) from None
+        finally:
+            starting[0] = False
+        if stop_requested() is not None:
+            pass_on()
         return context
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
