@@ -115,7 +115,9 @@ def _fail(message: str) -> NoReturn:
 def check_batch_divides_ranks(trainer: L.Trainer, datamodule: Any) -> None:
     """A global batch the ranks cannot share is refused before any process is started."""
     batch = getattr(datamodule, "batch_size", None)
-    world = int(getattr(trainer, "num_devices", 1) or 1) * int(getattr(trainer, "num_nodes", 1) or 1)
+    world = int(getattr(trainer, "num_devices", 1) or 1) * int(
+        getattr(trainer, "num_nodes", 1) or 1
+    )
     shares_global_batch = getattr(datamodule, "batch_is_global", False)
     if world > 1 and shares_global_batch and isinstance(batch, int) and batch % world:
         _fail(

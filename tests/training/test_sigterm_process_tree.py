@@ -78,8 +78,14 @@ def test_sigterm_to_main_and_dataloader_workers_together_saves_once_and_resumes(
     assert err.count(f"step {STEP}: saved {last}") == 1, err[-3000:]
     assert load(last)["global_step"] == STEP
     assert not [p for p in tree if Path(f"/proc/{p}").exists()], "a worker outlived the run"
-    resumed = run_lightning_cli(["fit", *fit_argv(run_dir, "tree", *workers, "--ckpt_path",
-                                                  "last", epochs=EPOCHS, batches=BATCHES)])
+    resumed = run_lightning_cli(
+        [
+            "fit",
+            *fit_argv(
+                run_dir, "tree", *workers, "--ckpt_path", "last", epochs=EPOCHS, batches=BATCHES
+            ),
+        ]
+    )
     assert resumed.trainer.global_step == EPOCHS * BATCHES
     assert_same_weights(weights(resumed), uninterrupted)
 
