@@ -318,8 +318,10 @@ class RLGapCLI(LightningCLI):
             config["callbacks"].append(self._fault_tolerance)
         from rl_gap.data.metric_learning import MetricLearningDataModule
 
-        if isinstance(self.datamodule, MetricLearningDataModule):
-            # The m-per-class batch sampler shards the global batch itself.
+        if isinstance(self.datamodule, MetricLearningDataModule) or getattr(
+            self.datamodule, "shards_training_batches", False
+        ):
+            # The resumable training loaders shard the global batch themselves.
             config["use_distributed_sampler"] = False
         return super()._instantiate_trainer(config, callbacks)
 

@@ -130,18 +130,17 @@ class _StartAborted(Exception):
 def _watch_start(starting: list[bool], aborted: list[bool], main_thread: int) -> None:
     # A spawned worker reads its start-up data from a pipe whose read end the launcher
     # also holds until it has written everything: a worker killed during its start
-    # leaves the launcher blocked in that write for ever. After a stop request, a dead
-    # child interrupts the start (the launcher's handler raises on this signal).
+    # (a SIGTERM to it or to the whole tree) leaves the launcher blocked in that write
+    # for ever. A dead child interrupts the start (the launcher's handler raises).
     while starting[0]:
-        if stop_requested() is not None:
-            try:
-                dead = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                dead = None
-            if dead is not None:
-                aborted[0] = True
-                signal.pthread_kill(main_thread, signal.SIGTERM)
-                return
+        try:
+            dead = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            dead = None
+        if dead is not None:
+            aborted[0] = True
+            signal.pthread_kill(main_thread, signal.SIGTERM)
+            return
         time.sleep(0.1)
 
 
@@ -168,9 +167,9 @@ def _spawn_launch(launcher: Any) -> Iterator[None]:
         # the launcher trains nothing: record, pass the stop on to the workers (SIGTERM
         # even for Ctrl-C: their first signal decides their exit status); while workers
         # are being started, wait until all exist, unless one died while starting
-        request_stop(signum)
         if starting[0] and aborted[0]:
             raise _StartAborted
+        request_stop(signum)
         if not starting[0]:
             pass_on()
 
@@ -189,8 +188,8 @@ def _spawn_launch(launcher: Any) -> Iterator[None]:
             starting[0] = False
             _kill_started_workers()
             sys.stderr.write(
-                "rl-gap: SIGTERM while the workers were starting: nothing was trained; "
-                "every worker stopped\n"
+                "rl-gap: a worker died while the workers were starting (signalled?): nothing "
+                "was trained; every worker stopped\n"
             )
             raise SystemExit(SIGTERM_EXIT_CODE) from None
         finally:

@@ -90,6 +90,7 @@ def test_sigterm_to_main_and_dataloader_workers_together_saves_once_and_resumes(
     assert_same_weights(weights(resumed), uninterrupted)
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_run_starts_exits_143_without_a_traceback(run_dir):
     """Signalled before the first step (here: during data setup): 143, one line, nothing saved."""
     run_dir.mkdir(parents=True)
