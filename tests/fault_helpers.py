@@ -88,3 +88,14 @@ class SigtermAtFitEnd(Callback):
 
     def on_fit_end(self, trainer, pl_module):
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigintAtStep(Callback):
+    """Sends this process a real SIGINT (Ctrl-C) right after optimizer step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)

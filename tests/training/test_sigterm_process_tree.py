@@ -114,3 +114,24 @@ def test_sigterm_after_the_fit_ended_exits_143_with_its_outputs_complete(run_dir
     ckpt = load(run_dir / "late" / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 2  # the fit's own final checkpoint, complete
     assert torch.isfinite(next(iter(ckpt["state_dict"].values()))).all()
+
+
+def test_ctrl_c_saves_at_the_next_step_and_exits_130(run_dir, capsys):
+    argv = fit_argv(run_dir, "ctrl_c", "--trainer.callbacks+=fault_helpers.SigintAtStep",
+                    "--trainer.callbacks.step=3", epochs=2, batches=2)  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["fit", *argv])
+    assert exit_info.value.code == 130
+    assert "SIGINT at epoch 1, step 3: saved" in capsys.readouterr().err
+    assert load(run_dir / "ctrl_c" / "checkpoints" / "last.ckpt")["global_step"] == 3
+
+
+def test_a_batch_the_ranks_cannot_share_is_refused_before_any_process_starts(run_dir, capsys):
+    argv = fit_argv(run_dir, "odd", "--data.init_args.batch_size", "25",
+                    "--data.init_args.m_per_class", "5", "--trainer.devices", "2",
+                    "--trainer.accelerator", "cpu", "--trainer.strategy", "ddp_spawn")  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["fit", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "batch_size 25" in err and "divisible by the 2 ranks" in err, err
