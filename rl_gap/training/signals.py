@@ -16,6 +16,16 @@ launcher, which is not always a training process:
   to the workers, which save and exit 143; the launcher then exits 143 too.
 - ``torchrun``/``srun``: the launcher is theirs; torchrun forwards SIGTERM to the
   ranks (which save and exit 143) and reports their statuses itself.
+
+Start-up is covered too (the rule: whoever is signalled, the job saves once and exits
+143, or, when nothing was trained yet, every process stops promptly and the run lock
+is released only after the last one): the ranks record a SIGTERM from their first
+moments (:mod:`rl_gap.training.stop_request`) and die with the launcher
+(``PR_SET_PDEATHSIG``); under ``ddp`` a rank killed while starting makes the launcher
+stop every process with 143; under ``ddp_spawn`` a stop that reaches the launcher while
+it starts the workers is passed on once all of them exist, and a worker that dies
+while starting (the launcher would otherwise block for ever writing its start-up data)
+makes the launcher stop them all and exit 143.
 """
 
 from __future__ import annotations
