@@ -81,6 +81,9 @@ def usage() -> str:
 
 
 def _run_training_command(argv: list[str] | None) -> int:
+    from rl_gap.training.stop_request import listen_for_sigterm
+
+    listen_for_sigterm()  # a SIGTERM while torch/Lightning load is recorded, not fatal
     # Every module class known to jsonargparse: short class names and --help list them.
     import rl_gap.modules as modules
     from rl_gap.training.cli import run_lightning_cli

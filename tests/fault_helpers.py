@@ -74,3 +74,28 @@ class RecordBatches(Callback):
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         with self.path.open("a") as f:
             f.write(f"{trainer.current_epoch} {trainer.global_step} {float(images.sum()):.6f}\n")
+
+
+class SigtermAtSetup(Callback):
+    """Sends this process a real SIGTERM while the fit sets up (before Lightning's handler)."""
+
+    def setup(self, trainer, pl_module, stage):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigtermAtFitEnd(Callback):
+    """Sends this process a real SIGTERM once the fit has ended (after Lightning's teardown)."""
+
+    def on_fit_end(self, trainer, pl_module):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigintAtStep(Callback):
+    """Sends this process a real SIGINT (Ctrl-C) right after optimizer step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)

@@ -150,7 +150,23 @@ class CLIPDataModuleBase(L.LightningDataModule):
                     f"training set has {len(dataset)} pairs, fewer than batch_size="
                     f"{self.batch_size} (incomplete batches are dropped)"
                 )
-        return self._loader(dataset, self.batch_size, train=True)
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            # WebDataset shards stream in order: no mid-epoch position to restore
+            return self._loader(dataset, self.batch_size, train=True)
+        from rl_gap.data.resumable import resumable_train_loader
+
+        return resumable_train_loader(
+            self,
+            dataset,
+            self.batch_size,
+            seed=int(getattr(self, "seed", 0) or 0),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            collate_fn=PairCollate(self.tokenizer),
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    shards_training_batches = True  # map-style training data: the resumable loader shards
 
     def val_dataloader(self) -> list[DataLoader]:
         if self._eval_sets is None:

@@ -117,6 +117,9 @@ def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch
 class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
     """Base DataModule: subclasses implement :meth:`build_split` ("train"/"test").
 
+    ``batch_size`` is the global batch (``batch_is_global``): ``rl-gap fit`` refuses one
+    that the ranks cannot share before it starts any process.
+
     Args:
         batch_size: *global* training batch size (divided among ranks).
         m_per_class: images per class in a global batch.
@@ -139,6 +142,8 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
             A subset trains with ``m = min(m_per_class, images_per_class)`` and at
             most as many classes per batch as it holds.
     """
+
+    batch_is_global = True
 
     def __init__(
         self,

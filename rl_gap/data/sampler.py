@@ -213,7 +213,9 @@ class _CountingIterator:
 
 
 class ResumableBatchLoader(DataLoader):
-    """Training DataLoader over a :class:`MPerClassBatchSampler` with a checkpointable position.
+    """Training DataLoader over a :class:`MPerClassBatchSampler` (or any batch sampler with
+    ``epoch``, ``position`` and ``resume``, e.g. ``rl_gap.data.resumable.ShuffledBatchSampler``)
+    with a checkpointable position.
 
     Lightning saves ``state_dict()`` with the training loop's state (any loader
     with ``state_dict``/``load_state_dict``) and calls ``load_state_dict`` before
@@ -226,9 +228,10 @@ class ResumableBatchLoader(DataLoader):
     _run: list[int] | None = None  # [epoch, first batch, batches served] of the current iteration
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if not isinstance(self.batch_sampler, MPerClassBatchSampler):
+        if not all(hasattr(self.batch_sampler, a) for a in ("resume", "position", "epoch")):
             raise TypeError(
-                "ResumableBatchLoader needs batch_sampler=MPerClassBatchSampler(...), got "
+                "ResumableBatchLoader needs a batch sampler with a resumable position "
+                "(MPerClassBatchSampler, rl_gap.data.resumable.ShuffledBatchSampler), got "
                 f"{type(self.batch_sampler).__name__}"
             )
         self._run = None

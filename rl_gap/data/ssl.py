@@ -186,8 +186,23 @@ class SSLDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
+    shards_training_batches = True  # the resumable loader shards; no DistributedSampler
+
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+        """Shuffled, seeded two-crop batches whose position is checkpointed (exact resume)."""
+        if self.train_set is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not built the datasets")
+        from rl_gap.data.resumable import resumable_train_loader
+
+        return resumable_train_loader(
+            self,
+            self.train_set,
+            self.batch_size,
+            seed=int(getattr(self, "seed", 0)),
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def val_dataloader(self) -> list[DataLoader]:
         return [self._loader(self.bank_set, train=False), self._loader(self.query_set, train=False)]

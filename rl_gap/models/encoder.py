@@ -65,6 +65,14 @@ def rl_gap_convnet(pretrained: bool = False, **kwargs: Any) -> SmallConvNet:
     if pretrained:
         raise ValueError("rl_gap_convnet has no pretrained weights; pass weights=<file> instead")
     allowed = {"in_chans", "width", "num_classes"}
+    # timm's own plumbing (pretrained_cfg, cache_dir, ...) is dropped; a user's typo is not
+    plumbing = {k for k in kwargs if k.startswith("pretrained_cfg") or k == "cache_dir"}
+    unknown = sorted(set(kwargs) - allowed - plumbing)
+    if unknown:
+        raise ValueError(
+            f"rl_gap_convnet has no argument(s) {', '.join(map(repr, unknown))} "
+            f"(backbone_kwargs); it takes {', '.join(sorted(allowed - {'num_classes'}))}"
+        )
     return SmallConvNet(**{k: v for k, v in kwargs.items() if k in allowed})
 
 

@@ -325,8 +325,21 @@ class MoCoV3Module(RankingModule):
         # The momentum encoder is frozen (requires_grad=False) and left out explicitly.
         return [self.online, self.predictor, self.loss_fn]
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        # a step/SIGTERM checkpoint is written before this module's on_train_batch_end
+        # (callbacks run first): record which step the momentum encoder has caught up with
+        checkpoint["moco_momentum_step"] = self._momentum_step
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._resumed_momentum_step = checkpoint.get("moco_momentum_step")
+
     def on_train_start(self) -> None:
-        self._momentum_step = int(self.trainer.global_step)
+        step = int(self.trainer.global_step)
+        behind = getattr(self, "_resumed_momentum_step", None)
+        self._resumed_momentum_step = None
+        self._momentum_step = step
         total = self.trainer.estimated_stepping_batches
         if not math.isfinite(total):
             if self.momentum_schedule == "cosine":
@@ -336,6 +349,13 @@ class MoCoV3Module(RankingModule):
                 )
             total = 1
         self._total_steps = max(1, int(total))
+        if behind is not None and behind < step:
+            # resumed from a checkpoint written before step ``step``'s momentum update:
+            # make it now, as the uninterrupted run did, so the resume is exact
+            m = momentum_coefficient(
+                step, self._total_steps, self.base_momentum, self.momentum_schedule
+            )
+            momentum_update(self.online, self.momentum_encoder, m)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Update once per optimizer step: with gradient accumulation most

@@ -22,6 +22,7 @@ installs it in every trainer (unless the recipe sets its own ``CheckpointIO``);
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -62,6 +63,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX + path.name + ".", suffix=TEMP_SUFFIX)
     try:
+        # mkstemp creates 0600; a checkpoint gets the permissions of any file the user writes
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -70,14 +73,34 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(err, OSError):
-            reason = err.strerror or type(err).__name__
+        reason = _write_failure(err)
+        if reason is not None:
             kept = "the previous file is intact" if path.exists() else "nothing was written"
-            raise OSError(
-                err.errno, f"could not write checkpoint {path} ({reason}); {kept}"
-            ) from err
+            errno_ = err.errno if isinstance(err, OSError) else errno.ENOSPC
+            raise OSError(errno_, f"could not write checkpoint {path} ({reason}); {kept}") from err
         raise
     _fsync_folder(folder)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_failure(err: BaseException) -> str | None:
+    """Why a checkpoint write failed, if it was the file system; None for anything else.
+
+    ``torch.save`` reports a full disk or a write error of its zip writer as a
+    ``RuntimeError`` from ``inline_container.cc`` ("file write failed") rather than an
+    ``OSError``; both become the same one-line message.
+    """
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    text = str(err)
+    if isinstance(err, RuntimeError) and ("inline_container" in text or "write failed" in text):
+        return "the file system refused the write: is the disk full?"
+    return None
 
 
 def remove_partial_checkpoints(folder: str | Path) -> list[Path]:

@@ -113,7 +113,18 @@ from rl_gap.training.run_folder import (
 )
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
 from rl_gap.training.schedule_check import ValidationScheduleCheck
-from rl_gap.training.signals import ignoring_sigterm, report_workers_stopped, sigterm_safe_launch
+from rl_gap.training.signals import (
+    STOP_EXIT_CODES,
+    ignoring_sigterm,
+    report_workers_stopped,
+    sigterm_safe_launch,
+)
+from rl_gap.training.stop_request import (
+    clear_stop_request,
+    die_with_launcher,
+    listen_for_sigterm,
+    stop_requested,
+)
 from rl_gap.training.trainer_args import restore_integers, written_integers
 
 
@@ -121,6 +132,20 @@ def _fail(message: str) -> NoReturn:
     """A usage error: one message on stderr, exit status 2 (as argparse)."""
     sys.stderr.write(f"rl-gap: error: {message}\n")
     raise SystemExit(2)
+
+
+def check_batch_divides_ranks(trainer: L.Trainer, datamodule: Any) -> None:
+    """A global batch the ranks cannot share is refused before any process is started."""
+    batch = getattr(datamodule, "batch_size", None)
+    world = int(getattr(trainer, "num_devices", 1) or 1) * int(
+        getattr(trainer, "num_nodes", 1) or 1
+    )
+    shares_global_batch = getattr(datamodule, "batch_is_global", False)
+    if world > 1 and shares_global_batch and isinstance(batch, int) and batch % world:
+        _fail(
+            f"data.batch_size {batch} is the global batch and must be divisible by the "
+            f"{world} ranks (devices x nodes); use a multiple of {world}"
+        )
 
 
 def _with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
@@ -141,6 +166,9 @@ class RLGapCLI(LightningCLI):
     _written_integers: dict[str, int] = {}  # replaced per instance by parse_arguments
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # a SIGTERM from here on is recorded and acted on (never a traceback or a lost save)
+        listen_for_sigterm()
+        die_with_launcher()
         kwargs.setdefault("parser_class", RLGapArgumentParser)
         super().__init__(*args, **kwargs)
 
@@ -335,8 +363,10 @@ class RLGapCLI(LightningCLI):
             config["callbacks"].append(FreshFitGuard(self._fault_tolerance.dirpath, wandb_id))
         from rl_gap.data.metric_learning import MetricLearningDataModule
 
-        if isinstance(self.datamodule, MetricLearningDataModule):
-            # The m-per-class batch sampler shards the global batch itself.
+        if isinstance(self.datamodule, MetricLearningDataModule) or getattr(
+            self.datamodule, "shards_training_batches", False
+        ):
+            # The resumable training loaders shard the global batch themselves.
             config["use_distributed_sampler"] = False
         return super()._instantiate_trainer(config, callbacks)
 
@@ -383,22 +413,45 @@ class RLGapCLI(LightningCLI):
 
     def _run_with_sigterm_exit(self, subcommand: str) -> None:
         launcher = self.trainer.strategy.launcher
+        self._stop_if_requested("before training started: nothing to save")
+        check_batch_divides_ranks(self.trainer, self.datamodule)
+        for logger in self.trainer.loggers:  # the launcher and its ranks agree on version_N
+            getattr(logger, "version", None)
         try:
             with sigterm_safe_launch(launcher):
                 super()._run_subcommand(subcommand)
-        except SIGTERMException:
+        except SIGTERMException as err:
             # a killed job must not look successful (FaultTolerance wrote the checkpoint)
             self._finish_wandb()
-            if self._fault_tolerance is None or self._fault_tolerance.sigterm_checkpoint is None:
-                sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
+            ft = self._fault_tolerance
+            if ft is None or ft.sigterm_checkpoint is None:
+                if ft is None or not ft._stopped_before_start:
+                    sys.stderr.write("rl-gap: SIGTERM received; no checkpoint was written\n")
             with ignoring_sigterm():  # stopping already: a second SIGTERM must not cut it short
                 report_workers_stopped(launcher)
-            raise SystemExit(SIGTERM_EXIT_CODE) from None
+            clear_stop_request()
+            code = err.code if isinstance(err.code, int) else SIGTERM_EXIT_CODE
+            raise SystemExit(code if code in STOP_EXIT_CODES else SIGTERM_EXIT_CODE) from None
         except ProcessExitedException as err:
-            if err.exit_code != SIGTERM_EXIT_CODE:
+            code = err.exit_code if err.exit_code in STOP_EXIT_CODES else 128 - err.exit_code
+            if code not in STOP_EXIT_CODES:  # neither saved-and-stopped nor killed while starting
                 raise
-            report_workers_stopped(launcher)  # ddp_spawn: the workers saved and stopped
-            raise SystemExit(SIGTERM_EXIT_CODE) from None
+            with ignoring_sigterm():
+                report_workers_stopped(launcher)  # ddp_spawn: the workers stopped
+            clear_stop_request()
+            raise SystemExit(code) from None
+        self._stop_if_requested("after training had ended: the run's outputs are complete")
+
+    @staticmethod
+    def _stop_if_requested(when: str) -> None:
+        """A SIGTERM/Ctrl-C recorded outside the training loop: exit 143/130 with one line."""
+        signum = stop_requested()
+        if signum is None:
+            return
+        clear_stop_request()
+        name = "SIGTERM" if signum == 15 else "SIGINT" if signum == 2 else f"signal {signum}"
+        sys.stderr.write(f"rl-gap: {name} {when}\n")
+        raise SystemExit(128 + signum)
 
     # ------------------------------------------------------ where outputs went
     def after_fit(self) -> None:

@@ -30,6 +30,7 @@ previous one; temporary files left by a killed write are removed at the next fit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -43,13 +44,23 @@ import lightning as L
 from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader
 
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
+from rl_gap.training.resume import nonfinite_optimizer_error
 from rl_gap.training.run_config import (
     ResumeMismatchError,
     config_mismatch,
     nonfinite_weights_error,
     resume_mismatch_message,
+)
+from rl_gap.training.stop_request import (
+    ShieldedWorkerInit,
+    clear_stop_request,
+    die_with_launcher,
+    listen_for_sigterm,
+    request_stop,
+    stop_requested,
 )
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
@@ -101,21 +112,40 @@ class FaultTolerance(Callback):
         self.force_resume = force_resume
         self.sigterm_checkpoint: Path | None = None
         self.sigterm_pending = False  # set by the signal handler, acted on at a step boundary
+        self.stop_signum = signal.SIGTERM  # what stopped the fit (SIGINT: Ctrl-C)
         self._last_saved_step = -1
+        self._stopped_before_start = False
+        self._wrapped_hooks: list[tuple[Any, str]] = []
+        self._previous_sigint: Any = None
+
+    @property
+    def exit_code(self) -> int:
+        """The status ``rl-gap`` exits with after a stop: 143 (SIGTERM) or 130 (Ctrl-C)."""
+        return 128 + int(self.stop_signum)
 
     def _note_sigterm(self, signum: int, frame: Any) -> None:
         # Only a flag: a signal handler runs between two bytecodes of whatever the
         # process is doing (possibly inside a collective), so it must not communicate.
+        if not self.sigterm_pending:
+            self.stop_signum = signal.Signals(signum)
         self.sigterm_pending = True
+        request_stop(signum)
 
     # ------------------------------------------------------------------ checks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self.sigterm_pending, self.sigterm_checkpoint = False, None
+        self.stop_signum = signal.SIGTERM
+        self._stopped_before_start = False
+        # A SIGTERM from now until Lightning installs its handler (just before the first
+        # step) is recorded too, and acted on before the first step (on_train_start).
+        listen_for_sigterm()
+        die_with_launcher()  # a rank of rl-gap's launcher never outlives it
         # runs in every training process, before Lightning registers its SIGTERM handler:
         # make it register ours instead (other handlers already installed are still chained)
         trainer._signal_connector._sigterm_notifier_fn = self._note_sigterm
+        self._shield_loader_workers(trainer, pl_module)
         error = None
         if trainer.is_global_zero:
             error = writable_error(self.dirpath)
@@ -123,6 +153,60 @@ class FaultTolerance(Callback):
         error = trainer.strategy.broadcast(error, src=0)
         if error:
             raise PermissionError(error)
+
+    def _shield_loader_workers(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """DataLoader workers outlive a SIGTERM to the whole process tree (the save needs them)."""
+        from lightning.pytorch.utilities.model_helpers import is_overridden
+
+        for owner in (trainer.datamodule, pl_module):
+            for name in ("train_dataloader", "val_dataloader"):
+                if owner is None or not is_overridden(name, owner):
+                    continue
+                if getattr(getattr(owner, name), "_rl_gap_shielded", False):
+                    continue
+                setattr(owner, name, _shielding(getattr(owner, name)))
+                self._wrapped_hooks.append((owner, name))
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for owner, name in self._wrapped_hooks:
+            with contextlib.suppress(AttributeError):
+                delattr(owner, name)
+        self._wrapped_hooks = []
+        self._restore_sigint()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            # Ctrl-C: save at the next step and exit 130 (a second Ctrl-C interrupts at once)
+            self._previous_sigint = signal.signal(signal.SIGINT, self._note_sigint)
+        early = stop_requested()
+        if early is not None and not self.sigterm_pending:
+            self._note_sigterm(early, None)  # arrived while the run was starting
+        if trainer.strategy.reduce_boolean_decision(self.sigterm_pending, all=False):
+            # before the first step of this fit: nothing new to save (a resumed run's
+            # checkpoint is untouched); every process stops together
+            clear_stop_request()
+            _ignore_further_sigterms()
+            self._stopped_before_start = True
+            if trainer.is_global_zero:
+                print(
+                    f"rl-gap: {self.stop_signum.name} while the run was starting (before "
+                    f"step {trainer.global_step + 1}): nothing new to save; stopped",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            trainer._signal_connector.received_sigterm = True
+            raise SIGTERMException(self.exit_code)
+
+    def _note_sigint(self, signum: int, frame: Any) -> None:
+        self._restore_sigint()
+        self._note_sigterm(signum, frame)
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and (
+            threading.current_thread() is threading.main_thread()
+        ):
+            signal.signal(signal.SIGINT, self._previous_sigint)
+        self._previous_sigint = None
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -135,7 +219,12 @@ class FaultTolerance(Callback):
         nonfinite = nonfinite_weights_error(checkpoint, trainer.ckpt_path or "the checkpoint")
         if nonfinite:
             raise ValueError(nonfinite)
-        if trainer.state.fn != "fit" or self.run_config is None:
+        if trainer.state.fn != "fit":
+            return
+        nonfinite = nonfinite_optimizer_error(checkpoint, trainer.ckpt_path or "the checkpoint")
+        if nonfinite:
+            raise ValueError(nonfinite)
+        if self.run_config is None:
             return
         saved = (checkpoint.get("rl_gap") or {}).get("config")
         path = trainer.ckpt_path or "the checkpoint"
@@ -190,9 +279,10 @@ class FaultTolerance(Callback):
         if trainer.strategy.reduce_boolean_decision(self.sigterm_pending, all=False):
             self._save_on_sigterm(trainer)
             trainer._signal_connector.received_sigterm = True
+            clear_stop_request()
             _ignore_further_sigterms()
             # the exit status travels with the exception, also out of ddp_spawn workers
-            raise SIGTERMException(SIGTERM_EXIT_CODE)
+            raise SIGTERMException(self.exit_code)
         step = trainer.global_step
         if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_saved_step:
             self.save_last(trainer)
@@ -201,7 +291,7 @@ class FaultTolerance(Callback):
         self.sigterm_checkpoint = self.save_last(trainer)
         if trainer.is_global_zero:
             print(
-                f"rl-gap: SIGTERM at epoch {trainer.current_epoch}, step {trainer.global_step}: "
+                f"rl-gap: {self.stop_signum.name} at epoch {trainer.current_epoch}, step {trainer.global_step}: "
                 f"saved {self.sigterm_checkpoint}; resume with the same command plus "
                 "--ckpt_path last",
                 file=sys.stderr,
@@ -213,8 +303,23 @@ class FaultTolerance(Callback):
     ) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
             return
+        if self._stopped_before_start:
+            return
         if self.sigterm_checkpoint is None:  # raised by Lightning itself, not at a step boundary
             self._save_on_sigterm(trainer)
+
+
+def _shielding(hook: Any) -> Any:
+    def shielded_loaders() -> Any:
+        loaders = hook()
+        for loader in _loaders(loaders):
+            if isinstance(loader, DataLoader) and loader.num_workers > 0:
+                if not isinstance(loader.worker_init_fn, ShieldedWorkerInit):
+                    loader.worker_init_fn = ShieldedWorkerInit(loader.worker_init_fn)
+        return loaders
+
+    shielded_loaders._rl_gap_shielded = True  # type: ignore[attr-defined]
+    return shielded_loaders
 
 
 def _ignore_further_sigterms() -> None:

@@ -15,6 +15,7 @@ A refusal is a :class:`ResumeRefused`; the CLI prints its message and exits with
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,13 @@ from rl_gap.training.run_config import (
     resume_mismatch_message,
 )
 
-__all__ = ["Resume", "ResumeRefused", "check_resume", "newest_readable_checkpoint"]
+__all__ = [
+    "Resume",
+    "ResumeRefused",
+    "check_resume",
+    "newest_readable_checkpoint",
+    "nonfinite_optimizer_error",
+]
 
 
 class ResumeRefused(ValueError):
@@ -40,6 +47,40 @@ class Resume:
 
     path: Path
     wandb_id: str | None
+
+
+def _nonfinite_entries(value: Any, where: str) -> list[str]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        bad = value.is_floating_point() and not bool(torch.isfinite(value).all())
+        return [where] if bad else []
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [where]
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _nonfinite_entries(v, f"{where}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [x for i, v in enumerate(value) for x in _nonfinite_entries(v, f"{where}[{i}]")]
+    return []
+
+
+def nonfinite_optimizer_error(ckpt: dict[str, Any], path: str | Path) -> str | None:
+    """None if the optimizer state of ``ckpt`` is finite, else a message naming the entries.
+
+    A NaN/inf moment estimate (Adam's ``exp_avg_sq``) turns every later step into NaN,
+    however finite the weights are: resuming it would diverge at the first step.
+    """
+    bad = []
+    for i, opt in enumerate(ckpt.get("optimizer_states") or []):
+        bad += _nonfinite_entries((opt or {}).get("state") or {}, f"optimizer {i} state")
+    if not bad:
+        return None
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (
+        f"{path} holds a NaN/inf optimizer state in {len(bad)} entr"
+        f"{'y' if len(bad) == 1 else 'ies'} ({shown}): resuming it would make every step "
+        "NaN; resume an earlier checkpoint (e.g. an epoch=... file)"
+    )
 
 
 def newest_readable_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -114,6 +155,8 @@ def check_resume(
         except (FileNotFoundError, ValueError) as err:
             raise ResumeRefused(str(err)) from None
     nonfinite = nonfinite_weights_error(ckpt, path)
+    if subcommand == "fit":
+        nonfinite = nonfinite or nonfinite_optimizer_error(ckpt, path)
     if nonfinite:
         raise ResumeRefused(nonfinite)
     record = ckpt.get("rl_gap") or {}

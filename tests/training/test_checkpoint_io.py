@@ -1,7 +1,10 @@
 """Checkpoints are complete or absent: a kill mid-write keeps the previous file, ``$TMPDIR`` and
 cross-filesystem moves play no part, and ``--ckpt_path last`` skips a damaged ``last.ckpt``."""
 
+import io
+import os
 import shutil
+import stat
 import tempfile
 import warnings
 
@@ -10,6 +13,7 @@ import torch
 from cluster_helpers import assert_same_weights, fit_argv, load, weights
 from lightning.pytorch.callbacks import Callback
 
+from rl_gap.training import checkpoint_io
 from rl_gap.training.checkpoint_io import TEMP_PREFIX, AtomicCheckpointIO, atomic_torch_save
 from rl_gap.training.cli import run_lightning_cli
 
@@ -155,3 +159,60 @@ def test_ckpt_path_last_with_no_readable_checkpoint_is_one_error(run_dir, capsys
     err = capsys.readouterr().err
     assert f"no checkpoint in {folder} can be read" in err
     assert "last.ckpt" in err and "epoch=0-step=2.ckpt" in err
+
+
+class _FullDiskFile(io.RawIOBase):
+    """A file whose disk fills up after ``room`` bytes (torch's zip writer then fails its own way)."""
+
+    def __init__(self, real, room):
+        self.real, self.room = real, room
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        if self.room < len(data):
+            raise OSError(28, "No space left on device")
+        self.room -= len(data)
+        return self.real.write(data)
+
+    def flush(self):
+        if not self.real.closed:
+            self.real.flush()
+
+    def fileno(self):
+        return self.real.fileno()
+
+    def close(self):
+        super().close()
+        self.real.close()
+
+
+def test_full_disk_inside_torch_save_gives_the_one_line_message(tmp_path, monkeypatch):
+    # torch.save reports this as a RuntimeError from inline_container.cc, not an OSError
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"step": 1}, path)
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(
+        checkpoint_io.os, "fdopen", lambda fd, mode: _FullDiskFile(real_fdopen(fd, mode), 1000)
+    )
+    with pytest.raises(OSError) as info:
+        atomic_torch_save({"w": torch.zeros(10_000)}, path)
+    message = str(info.value)
+    assert f"could not write checkpoint {path}" in message and "\n" not in message
+    assert "disk full" in message and "previous file is intact" in message
+    monkeypatch.setattr(checkpoint_io.os, "fdopen", real_fdopen)
+    assert load(path) == {"step": 1} and len(list(tmp_path.iterdir())) == 1
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_checkpoint_permissions_follow_the_umask(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        atomic_torch_save({"step": 1}, tmp_path / "last.ckpt")
+        plain = tmp_path / "plain"
+        plain.write_bytes(b"")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "last.ckpt").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~umask  # as any file the user writes

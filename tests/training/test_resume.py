@@ -71,3 +71,29 @@ def test_resume_after_interruption_matches_uninterrupted(run_dir, epochs, batche
         assert got[key] == pytest.approx(expected_metrics[key], abs=1e-6), key
     for name, value in _weights(resumed).items():
         torch.testing.assert_close(value, expected_weights[name], rtol=0, atol=1e-6, msg=name)
+
+
+def _checkpoint_with_optimizer_state(path, value):
+    torch.save(
+        {
+            "state_dict": {"w": torch.ones(3)},
+            "optimizer_states": [{"state": {0: {"exp_avg_sq": torch.tensor([1.0, value])}}}],
+            "loops": {},
+            "epoch": 0,
+            "global_step": 1,
+            "pytorch-lightning_version": "2.0.0",
+        },
+        path,
+    )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_resume_refuses_a_non_finite_optimizer_state(tmp_path, bad):
+    from rl_gap.training.resume import ResumeRefused, check_resume
+
+    path = tmp_path / "diverged.ckpt"
+    _checkpoint_with_optimizer_state(path, bad)
+    with pytest.raises(ResumeRefused, match=r"NaN/inf optimizer state .*exp_avg_sq"):
+        check_resume("fit", str(path), tmp_path, {}, force=True)
+    _checkpoint_with_optimizer_state(path, 2.0)  # the same checkpoint, finite: accepted
+    assert check_resume("fit", str(path), tmp_path, {}, force=True).path == path
