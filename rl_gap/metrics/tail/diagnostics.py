@@ -62,9 +62,10 @@ class Diagnostics:
     def supported(self) -> bool:
         return not self.flags
 
-    def widen(self, ci: tuple[float, float]) -> tuple[float, float]:
-        """``ci`` extended to cover every threshold's prediction ± the interval's own widths."""
-        if not self.threshold_maps:
+    def widen(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
+        """``ci`` extended to cover every threshold's prediction ± the interval's own widths
+        (None without an interval)."""
+        if ci is None or not self.threshold_maps:
             return ci
         lo_t, hi_t = min(self.threshold_maps.values()), max(self.threshold_maps.values())
         centre = 0.5 * (ci[0] + ci[1])
@@ -140,17 +141,33 @@ def diagnose(
     Args:
         predictor: a ``TailPredictor``.
         gallery_size: N.
-        estimator, rank_law: the estimator whose budget check is run; the threshold
-            refits use ``evt_support`` for it, else ``evt``.
+        estimator, rank_law: the estimator checked: its budget check, and for the GPD
+            estimators (``evt``, ``evt_support``) the threshold refits; ``count`` has
+            no threshold to check.
         per_thr: :func:`threshold_predictions` output, if already computed.
         ci: the estimate's query-bootstrap interval (for the budget's noise).
         budget: the budget check's dict, if already computed.
     """
+    out = Diagnostics()
+    if estimator in ("evt", "evt_support"):
+        _check_threshold(predictor, gallery_size, estimator, per_thr, out)
+    if budget is None:
+        budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
+    out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
+    if not budget["converged"]:
+        out.flags.append(
+            f"budget not converged: S/4 · S/2 · S predictions spread {budget['spread']:.3f} "
+            f"> query noise {budget['noise']:.3f}"
+        )
+    return out
+
+
+def _check_threshold(predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics) -> None:
+    """Fill ``out``'s threshold maps, spread and shape shift, and flag an unstable threshold."""
     rows = predictor.query_ok
-    refit = "evt_support" if estimator == "evt_support" else "evt"
     per_thr = per_thr or threshold_predictions(predictor, gallery_size, estimator=refit)
     maps = {n: float(v[rows].mean()) for n, v in per_thr.items()}
-    out = Diagnostics(threshold_maps=maps)
+    out.threshold_maps = maps
     out.threshold_spread = max(maps.values()) - min(maps.values())
     shallow, deep = min(per_thr), max(per_thr)
     xi = {}
@@ -169,12 +186,3 @@ def diagnose(
             f"shape-unstable: median fitted ξ {xi[shallow]:+.2f} at {shallow} vs {xi[deep]:+.2f} "
             f"at {deep} exceedances"
         )
-    if budget is None:
-        budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
-    out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
-    if not budget["converged"]:
-        out.flags.append(
-            f"budget not converged: S/4 · S/2 · S predictions spread {budget['spread']:.3f} "
-            f"> query noise {budget['noise']:.3f}"
-        )
-    return out

@@ -22,6 +22,7 @@ from rl_gap.metrics.tail.estimate import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     TailEstimate,
+    check_n_boot,
     resolve_rank_law,
 )
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
@@ -62,7 +63,7 @@ class TailExtrapolatedMAP(Metric):
             ("single_x", "powerlaw", "loguniform").
         rank_law: None (the estimator's own), "plugin" (expected ranks) or
             "binomial"/"poisson" (E[AP@k]).
-        n_boot: query-bootstrap replicates for the interval.
+        n_boot: query-bootstrap replicates for the interval (0: none, logged as NaN).
         fractions: nested sub-sample fractions kept (for diagnostics).
         block_size: distractors per GEMM block when fed embeddings.
         seed: seeds the random part assignment (when no ids) and the bootstrap.
@@ -129,6 +130,7 @@ class TailExtrapolatedMAP(Metric):
         self.k = int(k)
         self.estimator = estimator
         self.rank_law = rank_law
+        check_n_boot(n_boot)
         self.n_boot = n_boot
         self.fractions = tuple(fractions)
         self.capacity = max(self.k, config.n_top)
@@ -340,16 +342,19 @@ class TailExtrapolatedMAP(Metric):
         est = self.predictor().estimate(
             self.estimator, self.gallery_size, self.rank_law, self.n_boot
         )
+        # n_boot = 0 asks for no interval: its bounds are logged as NaN.
+        ci = est.ci or (math.nan, math.nan)
         out = {
             "map": torch.tensor(est.map, dtype=torch.float64),
-            "ci_low": torch.tensor(est.ci[0], dtype=torch.float64),
-            "ci_high": torch.tensor(est.ci[1], dtype=torch.float64),
+            "ci_low": torch.tensor(ci[0], dtype=torch.float64),
+            "ci_high": torch.tensor(ci[1], dtype=torch.float64),
         }
         if est.diagnostics is not None:
             # Logged next to the prediction (W&B), and said once per compute.
             out["supported"] = torch.tensor(float(est.supported), dtype=torch.float64)
-            out["ci_total_low"] = torch.tensor(est.ci_total[0], dtype=torch.float64)
-            out["ci_total_high"] = torch.tensor(est.ci_total[1], dtype=torch.float64)
+            total = est.ci_total or (math.nan, math.nan)
+            out["ci_total_low"] = torch.tensor(total[0], dtype=torch.float64)
+            out["ci_total_high"] = torch.tensor(total[1], dtype=torch.float64)
             if est.flags:
                 warnings.warn(
                     f"TailExtrapolatedMAP ({self.estimator}, N = {self.gallery_size:,}): the "
