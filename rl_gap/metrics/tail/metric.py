@@ -12,6 +12,7 @@ sample sizes summed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -25,7 +26,7 @@ from rl_gap.metrics.tail.estimate import (
     check_n_boot,
     resolve_rank_law,
 )
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, resolve_score_range
 from rl_gap.metrics.tail.predictor import TailPredictor
 from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.precision import full_precision_similarity
@@ -73,6 +74,9 @@ class TailExtrapolatedMAP(Metric):
             resamples distractors jointly across queries (a distractor that
             ranks high for many queries moves them all at once). Triples the
             state's memory.
+        score_range: the similarity's declared range ("cosine" = [−1, 1], the
+            default; "dot" or None = unbounded; or a (low, high) pair), as in
+            :func:`~rl_gap.metrics.tail.predict_map`.
 
     Example:
         Register the queries and their positives first (on every rank alike),
@@ -116,9 +120,11 @@ class TailExtrapolatedMAP(Metric):
         seed: int = 0,
         config: TailConfig = DEFAULT_CONFIG,
         keyed: bool = False,
+        score_range: str | tuple[float, float] | None = "cosine",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        config = dataclasses.replace(config, score_range=resolve_score_range(score_range))
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
         resolve_rank_law(estimator, rank_law)

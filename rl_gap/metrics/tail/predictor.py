@@ -470,7 +470,12 @@ class TailPredictor:
         noise = (ci[1] - ci[0]) / 2.0
         maps = [r["map"] for r in rows]
         spread = max(maps) - min(maps) if maps else math.nan
-        return {"levels": rows, "spread": spread, "noise": noise, "converged": bool(spread <= noise)}
+        return {
+            "levels": rows,
+            "spread": spread,
+            "noise": noise,
+            "converged": bool(spread <= noise),
+        }
 
     def curve(
         self,
