@@ -80,7 +80,7 @@ def fit_gpd(
     xi_min: float = -1.0,
     min_excesses: float = 10.0,
     grid_size: int = 40,
-    refine_rounds: int = 6,
+    refine_rounds: int = 2,
     refine_points: int = 24,
 ) -> GPDFit:
     """Maximum-likelihood GPD fit with ξ ∈ [xi_min, 0], one fit per row.

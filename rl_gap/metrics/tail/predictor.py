@@ -57,6 +57,9 @@ from rl_gap.metrics.tail.rank_law import (
 )
 from rl_gap.metrics.tail.sampling import NestedTopK, poisson_multiplicities
 
+#: The stages :meth:`TailPredictor.estimate` reports to ``on_stage``, in order.
+ESTIMATE_STAGES = ("fit", "interval", "joint bootstrap", "budget", "checks", "done")
+
 
 class TailPredictor:
     """Predictions at any gallery size from positives and a nested top-T sample state.
@@ -91,8 +94,12 @@ class TailPredictor:
             )
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if state.capacity < k:
-            raise ValueError(f"the state keeps {state.capacity} scores per query; need >= k = {k}")
+        if state.capacity < min(int(k), int(state.seen.sum())):
+            # Counts are exact below the kept depth; with every sampled score kept, always.
+            raise ValueError(
+                f"the state keeps {state.capacity} scores per query; need >= "
+                f"min(k = {k}, sample size)"
+            )
         self.k = int(k)
         self.config = config
         self.bayes = bayes
@@ -301,6 +308,7 @@ class TailPredictor:
         nested_boot: int = 0,
         budget: bool = False,
         diagnose: bool = True,
+        on_stage=None,
     ) -> TailEstimate:
         """Predicted mAP@k at ``gallery_size`` with a query-bootstrap interval.
 
@@ -332,8 +340,11 @@ class TailPredictor:
                 prediction (``tail``: of the plug-in GPD, its cheap stand-in) and,
                 for the GPD estimators, the threshold stability (``count`` has no
                 threshold, so only its budget is checked).
+            on_stage: optional ``on_stage(name)`` called as each stage starts
+                (:data:`ESTIMATE_STAGES`), for progress display.
         """
         check_n_boot(n_boot)
+        stage = on_stage or (lambda name: None)
         _check_common(gallery_size, self.sample_size, self.k, estimator, rank_law)
         rank_law = resolve_rank_law(estimator, rank_law)
         if self.sample_size < self.k:
@@ -342,14 +353,16 @@ class TailPredictor:
                 f"k = {self.k}: the prediction rests on almost no distractor and is unreliable",
                 stacklevel=3,
             )
-        if estimator in ("evt", "evt_support") and self.sample_size < self.config.n_top:
+        if estimator == "evt" and self.sample_size < self.config.n_top:
             warnings.warn(
                 f"distractor sample ({self.sample_size}) is smaller than the EVT's top "
                 f"{self.config.n_top}; using all sampled scores",
                 stacklevel=3,
             )
+        stage("fit")
         per_query = self.per_query(estimator, gallery_size, rank_law)
         valid_q = per_query[self.query_ok]
+        stage("interval")
         if not bool(self.query_ok.any()):
             raise ValueError("no query has a positive: nothing to evaluate")
         if estimator in ("single_x", *CURVE_ESTIMATORS):
@@ -373,12 +386,15 @@ class TailPredictor:
             est.hardness, _, est.fit = self.hardness(estimator)
             if est.fit is not None:
                 est.tail_ok = est.fit.ok
+        stage("joint bootstrap")
         if nested_boot > 0 and estimator in (*HARDNESS_ESTIMATORS, "sample"):
             est.nested_ci, est.sample_noise_sd = self._nested(
                 estimator, gallery_size, rank_law, nested_boot, confidence, per_query
             )
+        stage("budget")
         if budget and estimator in HARDNESS_ESTIMATORS:
             est.budget = self.budget(estimator, gallery_size, rank_law, n_boot, confidence, ci)
+        stage("checks")
         if diagnose and estimator in HARDNESS_ESTIMATORS:
             # Each estimator's own checks; ``tail`` (~7 plain fits a prediction) is
             # checked through the plug-in GPD, whose threshold and budget it shares.
@@ -389,6 +405,7 @@ class TailPredictor:
             diag = diagnose_prediction(self, gallery_size, checked, law, ci=own_ci, budget=own)
             est.diagnostics, est.flags = diag, list(diag.flags)
             est.ci_total = diag.widen(est.nested_ci if est.nested_ci is not None else ci)
+        stage("done")
         return est
 
     def _nested(
