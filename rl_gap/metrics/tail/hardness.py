@@ -150,11 +150,14 @@ def sample_n_top(n_sample: int, n_top: int = DEFAULT_CONFIG.n_top) -> int:
 
 
 def sample_excesses(n_sample: int, config: TailConfig = DEFAULT_CONFIG) -> int:
-    """Exceedances ``evt_support`` fits for a sample of ``n_sample`` (200 from 10^6 on)."""
+    """Exceedances ``evt_support`` fits for a sample of ``n_sample`` (200 from 10^6 on, at
+    least ``min_excesses``)."""
     if config.n_excess is not None:
         return int(config.n_excess)
     n_top = min(sample_n_top(n_sample, config.n_top), n_sample)
-    return max(1, int(round((1.0 - config.threshold_quantile) * n_top)))
+    # Never fewer than a fit needs (10 below S ≈ 2,500), nor more than the sample holds.
+    n = max(int(config.min_excesses), int(round((1.0 - config.threshold_quantile) * n_top)))
+    return max(1, min(n, n_sample - 1))
 
 
 @dataclass
