@@ -47,6 +47,7 @@ from rl_gap.commands.extrapolate_inputs import (  # noqa: F401  (names kept impo
 )
 from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
+from rl_gap.metrics.tail.diagnostics import THRESHOLD_EXCESSES
 from rl_gap.metrics.tail.estimate import PREDICTIVE
 from rl_gap.metrics.tail.hardness import SIMILARITY_RANGES, TailConfig, resolve_score_range
 from rl_gap.metrics.tail.predictor import ESTIMATE_STAGES
@@ -309,8 +310,10 @@ def _predict(args, estimators, queries, positives, distractors, k, score_range, 
         part = part_of(torch.from_numpy(hash_uniform(ids, args.seed)), DEFAULT_FRACTIONS)
 
     config = dataclasses.replace(TailConfig(), score_range=score_range)
-    # Only what the sample can fill is kept: at most S scores per query.
-    capacity = min(max(k, config.n_top), S)
+    # Kept per query: what k needs, what the fits and checks read (the paper's evt reads
+    # its top 4,000; evt_support at most 401, tail 101), and never more than the sample.
+    depth = config.n_top if "evt" in estimators else 2 * max(THRESHOLD_EXCESSES) + 1
+    capacity = min(max(k, depth), S)
     # Keyed by row: the nested bootstrap then resamples distractors jointly across queries.
     state = NestedTopK(queries.shape[0], capacity, DEFAULT_FRACTIONS, keyed=args.nested_boot > 0)
     update = progress.stage("scoring distractors", S)
