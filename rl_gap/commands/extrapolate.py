@@ -62,6 +62,8 @@ from rl_gap.metrics.tail.sampling import (
 
 #: Widest table printed (columns), whatever the terminal.
 TABLE_WIDTH = 100
+#: Query-by-distractor scores held per streamed block (float32: 256 MiB).
+SCORE_BLOCK = 1 << 26
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +128,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated samples for the tail estimator's bootstrap bias correction (0 = off)",
     )
     add("--l2-normalize", action="store_true", help="L2-normalise all embeddings first")
-    add("--block-size", type=int, default=32768, help="distractors per GEMM block")
+    add(
+        "--block-size",
+        type=int,
+        default=32768,
+        help="distractors per GEMM block (fewer with many queries: Q x block <= 2^26)",
+    )
     add(
         "--format",
         default="table",
@@ -324,7 +331,9 @@ def _predict(args, estimators, queries, positives, distractors, k, score_range, 
         def __getitem__(self, sl):
             return prep(distractors[sl])
 
-    stream_scores(queries, _Checked(), state, part=part, block_size=args.block_size,
+    # A block's scores are (Q, block): with many queries, fewer distractors per block.
+    block = min(args.block_size, max(1024, SCORE_BLOCK // queries.shape[0]))
+    stream_scores(queries, _Checked(), state, part=part, block_size=block,
                   progress=update)  # fmt: skip
     bayes = BayesTailConfig(bias_replicates=args.bias_replicates)
     predictor = TailPredictor(pos, state, k, config, args.seed, bayes)
