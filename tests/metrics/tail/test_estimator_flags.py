@@ -54,7 +54,7 @@ def test_n_boot_zero_gives_no_interval_and_the_same_prediction():
 
 def test_metric_logs_nan_bounds_without_an_interval():
     pos, sample = _bump_world(Q=20, S=3000)
-    metric = TailExtrapolatedMAP(gallery_size=60_000, k=100, n_boot=0)
+    metric = TailExtrapolatedMAP(gallery_size=60_000, k=100, n_boot=0, score_range="dot")
     q = torch.eye(20, 8, dtype=torch.float32)
     metric.update(
         queries=q, positives=q.repeat(2, 1) * 0.9, positive_query=torch.arange(20).repeat(2)
