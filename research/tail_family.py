@@ -125,16 +125,26 @@ def draw_params(world_id: int) -> FamilyParams:
 class RandomWorld:
     """A world drawn from :class:`FamilyParams`, with the ``tail_simulate.World`` interface.
 
+    ``params`` replaces the drawn parameters (other world families reuse the
+    generator); ``pilot`` is the size of the sample the positives are calibrated on.
+
     Attributes:
         queries: (Q, d) query embeddings; the score of a distractor x is ``queries @ x``.
         pos_scores: (Q, max_pos) float64 positive scores, NaN-padded.
     """
 
-    def __init__(self, world_id: int, n_queries: int = 100, max_pos: int = 6) -> None:
-        if world_id < len(WORLDS) or world_id >= N_WORLDS:
+    def __init__(
+        self,
+        world_id: int,
+        n_queries: int = 100,
+        max_pos: int = 6,
+        params: FamilyParams | None = None,
+        pilot: int = PILOT,
+    ) -> None:
+        if params is None and (world_id < len(WORLDS) or world_id >= N_WORLDS):
             raise ValueError(f"random world ids are {len(WORLDS)}..{N_WORLDS - 1}, got {world_id}")
         self.name = f"w{world_id:02d}"
-        self.params = p = draw_params(world_id)
+        self.params = p = params or draw_params(world_id)
         g = torch.Generator().manual_seed(7_654_321 * world_id + 99)
         d, C = p.dim, p.n_clusters
         self.dim = d
@@ -170,7 +180,7 @@ class RandomWorld:
         self._zq, self._noise_pos, self._rel, self._pos_norm = zq, noise, rel, pos_norm
         # The pilot runs without near-duplicates: their noise scale is the one being calibrated.
         self.dup_rate = 0.0
-        pilot = self.distractors(PILOT, torch.Generator().manual_seed(world_id + 555))
+        pilot = self.distractors(pilot, torch.Generator().manual_seed(world_id + 555))
         pilot_scores = self.queries @ pilot.T
         valid = torch.arange(m).unsqueeze(0) < n_pos.unsqueeze(1)
         pilot_max = pilot_scores.max(1).values

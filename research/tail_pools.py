@@ -39,12 +39,19 @@ def stream_pool(
 ) -> dict:
     """{"pos_scores", "sample" (Q, S) float32, "pool_counts" (Q, m), "pool", "seconds"}."""
     world = family_world(world_id, n_queries, MAX_POS, seed)
+    g = torch.Generator().manual_seed(seed * 104729 + world_id * 31 + 17)
+    g_sample = torch.Generator().manual_seed(seed * 7 + world_id * 1009 + 3)
+    return stream_world(world, pool, rate, g, g_sample, block)
+
+
+def stream_world(
+    world, pool: int, rate: float, g: torch.Generator, g_sample: torch.Generator, block: int = 32768
+) -> dict:
+    """:func:`stream_pool` for a world object (``queries``, ``pos_scores``, ``distractors``)."""
     pos = world.pos_scores
     valid = ~torch.isnan(pos)
     probe = torch.where(valid, pos, torch.full_like(pos, float("inf"))).float()
     counts = torch.zeros(pos.shape, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed * 104729 + world_id * 31 + 17)
-    g_sample = torch.Generator().manual_seed(seed * 7 + world_id * 1009 + 3)
     parts = []
     t0 = time.perf_counter()
     for start in range(0, pool, block):

@@ -6,9 +6,13 @@
    Printed next to the time of the bare GEMM over the same pairs.
 2. GPD: the vectorised profile-likelihood fit over all queries vs a per-query
    ``scipy.stats.genpareto.fit`` loop (timed on a subset, scaled per fit).
+3. ``--extrapolate``: ``rl-gap extrapolate`` on saved embeddings (1,000 queries ×
+   10 positives × a 10^5 sample, N = 10^8, k = 1000), time and peak memory in a
+   child process, as a ratio to scoring the sample; then the same with ``--plot``.
 
     .venv/bin/python scripts/bench_tail.py
     .venv/bin/python scripts/bench_tail.py --queries 200 --sample 200000   # quick
+    .venv/bin/python scripts/bench_tail.py --extrapolate   # rl-gap extrapolate, 1000 x 10 x 100k
 
 Timings on a shared machine are noisy: compare the ratios within one run.
 """
@@ -122,6 +126,76 @@ def bench_gpd(predictor: TailPredictor, n_scipy: int) -> None:
         )
 
 
+_EXTRAPOLATE_CHILD = """
+import argparse, resource, sys, time
+from rl_gap.commands import extrapolate
+parser = argparse.ArgumentParser()
+extrapolate.add_arguments(parser)
+args = parser.parse_args(sys.argv[1:])
+t0 = time.perf_counter()
+extrapolate.run(args)
+print(f"BENCH {time.perf_counter() - t0:.3f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+"""
+
+
+def bench_extrapolate(args) -> None:
+    """``rl-gap extrapolate`` on saved embeddings, in a child process (its own peak memory).
+
+    Q queries × ``--positives-per-query`` positives × S sampled distractors, the default
+    estimator with its interval and flags; the time excludes the child's imports and is
+    shown as a ratio to scoring the sample (the bare GEMM over the same pairs).
+    """
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    import numpy as np
+
+    q, _, x = make_embeddings(args.queries, args.sample, args.dim, args.seed)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    m = args.positives_per_query
+    spread = torch.empty(args.queries, 1).uniform_(0.5, 1.1, generator=g) / args.dim**0.5
+    p = torch.nn.functional.normalize(
+        q.repeat_interleave(m, 0)
+        + spread.repeat_interleave(m, 0) * torch.randn(m * args.queries, args.dim, generator=g),
+        dim=1,
+    )
+    t0 = time.perf_counter()
+    for start in range(0, x.shape[0], args.block):
+        _ = q @ x[start : start + args.block].T
+    score_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, arr in (("q", q), ("p", p), ("x", x)):
+            np.save(os.path.join(tmp, f"{name}.npy"), arr.numpy())
+        np.save(os.path.join(tmp, "owner.npy"), np.repeat(np.arange(args.queries), m))
+        common = [
+            "--queries", f"{tmp}/q.npy", "--positives", f"{tmp}/p.npy",
+            "--positive-query", f"{tmp}/owner.npy", "--distractors", f"{tmp}/x.npy",
+            "--gallery-size", str(args.extrapolate_gallery), "--k", str(args.k), "--no-progress",
+        ]  # fmt: skip
+        rows = []
+        for label, extra in (("default", []), ("--plot", ["--plot", f"{tmp}/curve.png"])):
+            done = subprocess.run(
+                [sys.executable, "-c", _EXTRAPOLATE_CHILD, *common, *extra],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            line = [r for r in done.stdout.splitlines() if r.startswith("BENCH")][-1]
+            seconds, rss_kb = float(line.split()[1]), int(line.split()[2])
+            rows.append((label, seconds, rss_kb / 2**20))
+    print(
+        f"rl-gap extrapolate: {args.queries} queries x {m} positives x {args.sample:,} sampled "
+        f"distractors (d = {args.dim}), N = {args.extrapolate_gallery:,}, k = {args.k}, "
+        "default estimator + interval + flags"
+    )
+    print(f"  scoring the sample (bare GEMM)  {score_s:7.2f} s")
+    for label, seconds, gib in rows:
+        print(
+            f"  {label:<30} {seconds:7.2f} s  ({seconds / score_s:5.1f}x scoring)  "
+            f"peak {gib:.2f} GiB  (target <= 60 s, <= 2 GB; --plot <= 10 s more)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--queries", type=int, default=1000)
@@ -132,7 +206,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=32768)
     p.add_argument("--scipy-fits", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--extrapolate",
+        action="store_true",
+        help="benchmark rl-gap extrapolate instead (defaults: --sample 100000, N = 10^8)",
+    )
+    p.add_argument("--positives-per-query", type=int, default=10)
+    p.add_argument("--extrapolate-gallery", type=int, default=100_000_000)
     args = p.parse_args(argv)
+    if args.extrapolate:
+        if "--sample" not in (argv or __import__("sys").argv):
+            args.sample = 100_000
+        bench_extrapolate(args)
+        return 0
     predictor = bench_end_to_end(args)
     bench_gpd(predictor, args.scipy_fits)
     return 0

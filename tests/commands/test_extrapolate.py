@@ -38,6 +38,7 @@ def test_extrapolate_cli_table_json_and_plot(tmp_path, capsys):
         "--positive-query", str(tmp_path / "owner.npy"), "--distractors", str(tmp_path / "x.npy"),
         "--gallery-size", "120000", "--k", "100", "--n-boot", "200", "--json", str(out_json),
         "--plot", str(out_png), "--block-size", "1000", "--no-progress",
+        "--estimators", "sample,count,evt",
     ])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out

@@ -20,7 +20,7 @@ The modules, in the order a prediction runs through them:
 
 ```python
 from rl_gap.metrics.tail import predict_map
-est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # estimator="tail"
+est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # DEFAULT_ESTIMATOR
 est.map, est.ci, est.per_query
 ```
 """

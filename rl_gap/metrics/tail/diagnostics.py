@@ -23,11 +23,12 @@ so that the interval also carries the model-choice uncertainty.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
 
-from rl_gap.metrics.tail.hardness import estimate_hardness
+from rl_gap.metrics.tail.hardness import estimate_hardness, sample_excesses
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
 
 #: Exceedance counts of the threshold-stability refits.
@@ -36,6 +37,10 @@ THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
 THRESHOLD_TOLERANCE = 0.03
 #: Flag when the median fitted shape moves by more than this between 25 and 400 exceedances.
 SHAPE_TOLERANCE = 0.5
+#: Fewest exceedances a threshold check refits.
+MIN_EXCESSES = 10
+#: Flag when more than this share of queries has a top score apart from its tail (1% by chance).
+OUTLIER_SHARE = 0.05
 
 
 @dataclass
@@ -57,18 +62,23 @@ class Diagnostics:
     shape_shift: float = float("nan")
     budget_spread: float = float("nan")
     budget_noise: float = float("nan")
+    outlier_share: float = float("nan")
+    bump_bound: float | None = None
 
     @property
     def supported(self) -> bool:
         return not self.flags
 
-    def widen(self, ci: tuple[float, float]) -> tuple[float, float]:
-        """``ci`` extended to cover every threshold's prediction ± the interval's own widths."""
-        if not self.threshold_maps:
+    def widen(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
+        """``ci`` extended to cover every threshold's prediction ± the interval's own widths,
+        and down to ``bump_bound`` when set (None without an interval)."""
+        if ci is None or not self.threshold_maps:
             return ci
         lo_t, hi_t = min(self.threshold_maps.values()), max(self.threshold_maps.values())
         centre = 0.5 * (ci[0] + ci[1])
-        return (min(ci[0], lo_t - (centre - ci[0])), max(ci[1], hi_t + (ci[1] - centre)))
+        lo, hi = min(ci[0], lo_t - (centre - ci[0])), max(ci[1], hi_t + (ci[1] - centre))
+        # A bump above the tail: down to the mAP if every query had it.
+        return (lo if self.bump_bound is None else min(lo, self.bump_bound), hi)
 
     def as_dict(self) -> dict:
         return {
@@ -79,6 +89,8 @@ class Diagnostics:
             "shape_shift": self.shape_shift,
             "budget_spread": self.budget_spread,
             "budget_noise": self.budget_noise,
+            "outlier_share": self.outlier_share,
+            "bump_bound": self.bump_bound,
         }
 
 
@@ -140,17 +152,107 @@ def diagnose(
     Args:
         predictor: a ``TailPredictor``.
         gallery_size: N.
-        estimator, rank_law: the estimator whose budget check is run; the threshold
-            refits use ``evt_support`` for it, else ``evt``.
+        estimator, rank_law: the estimator checked: its budget check, and for the GPD
+            estimators (``evt``, ``evt_support``) the threshold refits; ``count`` has
+            no threshold to check.
         per_thr: :func:`threshold_predictions` output, if already computed.
         ci: the estimate's query-bootstrap interval (for the budget's noise).
         budget: the budget check's dict, if already computed.
     """
+    out = Diagnostics()
+    if budget is None:
+        budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
+    if estimator == "evt":
+        _check_threshold(predictor, gallery_size, estimator, per_thr, out)
+    elif estimator == "evt_support":
+        _check_sample_threshold(predictor, gallery_size, budget["noise"], out)
+    out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
+    if not budget["converged"]:
+        out.flags.append(
+            f"budget not converged: S/4 · S/2 · S predictions spread {budget['spread']:.3f} "
+            f"> query noise {budget['noise']:.3f}"
+        )
+    return out
+
+
+def sample_thresholds(n_sample: int, config) -> tuple[int, ...]:
+    """Exceedance counts ``evt_support``'s threshold check refits: half, once and twice its own."""
+    n = sample_excesses(n_sample, config)
+    return tuple(sorted({max(MIN_EXCESSES, n // 2), max(MIN_EXCESSES, n), 2 * n}))
+
+
+def _check_sample_threshold(predictor, gallery_size: int, noise: float, out: Diagnostics) -> None:
+    """``evt_support``: flag a prediction that moves with the threshold by more than its
+    query noise, and a sample whose top scores the fitted tail cannot produce."""
     rows = predictor.query_ok
-    refit = "evt_support" if estimator == "evt_support" else "evt"
+    _, n_sample = predictor.level(-1)
+    excesses = sample_thresholds(n_sample, predictor.config)
+    per_thr = threshold_predictions(predictor, gallery_size, excesses, estimator="evt_support")
+    maps = {n: float(v[rows].mean()) for n, v in per_thr.items()}
+    out.threshold_maps = maps
+    out.threshold_spread = max(maps.values()) - min(maps.values())
+    own = maps[max(MIN_EXCESSES, sample_excesses(n_sample, predictor.config))]
+    moved = max(abs(v - own) for v in maps.values())
+    if moved > noise:
+        out.flags.append(
+            f"threshold-unstable: mAP@{predictor.k} moves by {moved:.3f} between "
+            f"{min(maps)} and {max(maps)} exceedances (query noise {noise:.3f})"
+        )
+    share = tail_outlier_share(predictor)
+    out.outlier_share = share
+    if share > OUTLIER_SHARE:
+        out.bump_bound = bump_bound(predictor, gallery_size, share)
+        out.flags.append(
+            f"bump above the tail: {share:.0%} of queries have a sampled score the fitted "
+            "tail makes improbable (rare near-copies? the pool holds N/S times more); "
+            f"if every query had them above its positives: mAP@{predictor.k} {out.bump_bound:.3f}"
+        )
+
+
+def bump_bound(predictor, gallery_size: int, share: float) -> float:
+    """mAP@k if every query had the bump: each positive's hardness raised by the pooled
+    rate of outlying top scores (``share`` of the queries, one each in S), a lower bound
+    when the copies outrank every positive."""
+    x, _, _ = predictor.hardness("evt_support")
+    _, n_sample = predictor.level(-1)
+    raised = torch.where(predictor.valid, x + share / n_sample, x)
+    ap = ap_at_k_from_hardness(
+        predictor.j, predictor.valid, raised, gallery_size, predictor.k, "plugin"
+    )
+    return float(ap[predictor.query_ok].mean())
+
+
+def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
+    """Share of queries whose top sampled score stands apart from the rest of their tail.
+
+    Near the top of a GPD tail with ξ ≤ 0 the normalised spacings i·(s_(i) − s_(i+1))
+    are at most exponential with a common mean; the top one exceeding
+    −log(0.01) ≈ 4.6 times the mean of the next ``n_spacings`` has < 1% chance
+    (less for bounded tails). A share of such queries well above 1% is a bump of
+    rare near-copies above the tail, which a sample holds a few of and the pool
+    N/S times more.
+    """
+    top, _ = predictor.level(-1)
+    m = min(n_spacings + 1, top.shape[1] - 1)
+    if m < 3:
+        return 0.0
+    head = top[:, : m + 1].to(torch.float64)
+    gaps = head[:, :-1] - head[:, 1:]  # D_1 … D_m
+    weights = torch.arange(2, m + 1, dtype=torch.float64)
+    scale = (gaps[:, 1:] * weights).mean(1)
+    rows = predictor.query_ok & torch.isfinite(head).all(1) & (scale > 0)
+    if not bool(rows.any()):
+        return 0.0
+    apart = gaps[:, 0] > -math.log(0.01) * scale
+    return float(apart[rows].double().mean())
+
+
+def _check_threshold(predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics) -> None:
+    """Fill ``out``'s threshold maps, spread and shape shift, and flag an unstable threshold."""
+    rows = predictor.query_ok
     per_thr = per_thr or threshold_predictions(predictor, gallery_size, estimator=refit)
     maps = {n: float(v[rows].mean()) for n, v in per_thr.items()}
-    out = Diagnostics(threshold_maps=maps)
+    out.threshold_maps = maps
     out.threshold_spread = max(maps.values()) - min(maps.values())
     shallow, deep = min(per_thr), max(per_thr)
     xi = {}
@@ -169,12 +271,3 @@ def diagnose(
             f"shape-unstable: median fitted ξ {xi[shallow]:+.2f} at {shallow} vs {xi[deep]:+.2f} "
             f"at {deep} exceedances"
         )
-    if budget is None:
-        budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
-    out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
-    if not budget["converged"]:
-        out.flags.append(
-            f"budget not converged: S/4 · S/2 · S predictions spread {budget['spread']:.3f} "
-            f"> query noise {budget['noise']:.3f}"
-        )
-    return out

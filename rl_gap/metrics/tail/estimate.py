@@ -42,7 +42,8 @@ class TailEstimate:
 
     Attributes:
         map: predicted mAP@k (mean over queries with ≥ 1 positive).
-        ci: 95% (``confidence``) percentile interval, bootstrap over queries.
+        ci: 95% (``confidence``) percentile interval, bootstrap over queries;
+            None when asked for no interval (``n_boot=0``).
         per_query: (Q,) float64 per-query AP@k, NaN for excluded queries
             (all NaN for the curve fits, which predict only the mean).
         estimator, rank_law, gallery_size, k, sample_size: what was predicted.
@@ -62,12 +63,13 @@ class TailEstimate:
             when every check passed or none ran.
         ci_total: ``ci`` (or ``nested_ci`` when computed) widened by the spread
             of the prediction over GPD thresholds: the interval that also carries
-            the threshold (model-choice) uncertainty. None when not diagnosed.
+            the threshold (model-choice) uncertainty. None when not diagnosed, or
+            with no interval to widen (``n_boot=0`` and no ``nested_ci``).
         diagnostics: the full :class:`~rl_gap.metrics.tail.diagnostics.Diagnostics`.
     """
 
     map: float
-    ci: tuple[float, float]
+    ci: tuple[float, float] | None
     per_query: torch.Tensor
     estimator: str
     rank_law: str
@@ -97,7 +99,7 @@ class TailEstimate:
             "estimator": self.estimator,
             "rank_law": self.rank_law,
             "map": self.map,
-            "ci": list(self.ci),
+            "ci": None if self.ci is None else list(self.ci),
             "gallery_size": self.gallery_size,
             "k": self.k,
             "sample_size": self.sample_size,
@@ -114,7 +116,7 @@ class TailEstimate:
         if self.diagnostics is not None:
             out["flags"] = list(self.flags)
             out["supported"] = self.supported
-            out["ci_total"] = list(self.ci_total)
+            out["ci_total"] = None if self.ci_total is None else list(self.ci_total)
             out["diagnostics"] = self.diagnostics.as_dict()
         return out
 
@@ -124,14 +126,17 @@ def bootstrap_ci(
     n_boot: int = 1000,
     confidence: float = 0.95,
     generator: torch.Generator | None = None,
-) -> tuple[float, float]:
+) -> tuple[float, float] | None:
     """Percentile interval of the mean over queries, resampling queries (per-query values fixed).
 
     Args:
         per_query: (Q,) values; NaN entries (excluded queries) are ignored.
-        n_boot: bootstrap replicates.
+        n_boot: bootstrap replicates; 0 = no interval (returns None).
         confidence: interval mass.
     """
+    check_n_boot(n_boot)
+    if n_boot == 0:
+        return None
     values = per_query[~torch.isnan(per_query)].to(torch.float64)
     if values.numel() == 0:
         return (math.nan, math.nan)
@@ -139,8 +144,16 @@ def bootstrap_ci(
     return percentile_interval(values[idx].mean(1), confidence)
 
 
+def check_n_boot(n_boot: int) -> None:
+    """Raise ValueError unless ``n_boot`` is a count ≥ 0 (0 = no interval)."""
+    if isinstance(n_boot, bool) or int(n_boot) != n_boot or n_boot < 0:
+        raise ValueError(f"n_boot must be an integer >= 0 (0 = no interval), got {n_boot!r}")
+
+
 def percentile_interval(replicates: torch.Tensor, confidence: float = 0.95) -> tuple[float, float]:
-    """Central ``confidence`` percentile interval of bootstrap replicates (1-D)."""
+    """Central ``confidence`` percentile interval of bootstrap replicates (1-D, non-empty)."""
+    if replicates.numel() == 0:
+        raise ValueError("no bootstrap replicate to take an interval from (n_boot = 0)")
     alpha = (1.0 - confidence) / 2.0
     q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=replicates.device)
     lo, hi = torch.quantile(replicates.to(torch.float64), q)

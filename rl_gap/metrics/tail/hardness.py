@@ -12,9 +12,15 @@ scores (sorted descending, ``-inf`` padded when S < T):
   (the q-quantile of the top n_top = 4000), GPD fitted to the n excesses,
   ζ = n / S; where K_j < min_count and s_j ≥ u,
   x_j = ζ·(1 + ξ(s_j − u)/σ)^(−1/ξ), else the count.
-- ``evt_support``: ``evt`` with the shape bound following the score support:
-  ξ ≤ 0 when every score lies in [−1, 1] (cosine), else ξ ≤ 0.5 (unbounded
-  inner products can have power-law tails, which ξ ≤ 0 cuts off).
+- ``evt_support``: ``evt`` with a sample-size-aware threshold
+  (:func:`sample_n_top`: the paper's constants from S = 10^6 on, fewer
+  exceedances below) and the shape bound following the declared score
+  range (``TailConfig.score_range``, never guessed from the data): ξ ≤ 0 for
+  scores bounded above (cosine: [−1, 1], the default), else ξ ≤ 0.5 (unbounded
+  inner products can have power-law tails, which ξ ≤ 0 cuts off). Scores past
+  a finite bound by a rounding margin (float16/bfloat16 cosines overshoot 1)
+  are clipped to it; further out they are refused. The prediction is invariant
+  to an affine map of the scores (a·s + b, a > 0) applied with its range.
 
 All functions accept optional per-score weights (Q, T) (Poisson-bootstrap
 multiplicities of the sampled distractors) so that a resampled distractor
@@ -24,6 +30,7 @@ sample needs no re-materialisation.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +52,9 @@ class TailConfig:
             quantile rule (threshold = the (n_excess + 1)-th largest score).
         xi_max: upper bound on ξ (0: the paper's bounded-score tail; > 0 allows
             heavy, power-law tails, fitted by profile likelihood on a ξ grid).
+        score_range: (low, high) the similarity's declared range, or None for
+            unbounded scores (inner products); used by ``evt_support``.
+            :func:`resolve_score_range` turns a similarity name into it.
     """
 
     n_top: int = 4000
@@ -54,6 +64,65 @@ class TailConfig:
     xi_min: float = -1.0
     n_excess: int | None = None
     xi_max: float = 0.0
+    score_range: tuple[float, float] | None = (-1.0, 1.0)
+
+
+#: Declared similarities and their score ranges (None: unbounded).
+SIMILARITY_RANGES: dict[str, tuple[float, float] | None] = {
+    "cosine": (-1.0, 1.0),
+    "dot": None,
+}
+#: Scores past a finite bound by up to this share of the range's half-width are
+#: rounding (bfloat16 rounds cosines near 1 by up to 2^-8) and clipped; further out, refused.
+RANGE_TOLERANCE = 0.01
+
+
+def resolve_score_range(score_range) -> tuple[float, float] | None:
+    """(low, high) or None from a similarity name ("cosine", "dot"), a pair, or None."""
+    if score_range is None:
+        return None
+    if isinstance(score_range, str):
+        if score_range not in SIMILARITY_RANGES:
+            raise ValueError(
+                f"unknown similarity {score_range!r} for score_range; known: "
+                f"{', '.join(SIMILARITY_RANGES)} (or a (low, high) pair, or None = unbounded)"
+            )
+        return SIMILARITY_RANGES[score_range]
+    try:
+        low, high = (float(v) for v in score_range)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"score_range must be a similarity name, a (low, high) pair or None, got {score_range!r}"
+        ) from None
+    if not low < high:
+        raise ValueError(f"score_range must have low < high, got ({low}, {high})")
+    return (low, high)
+
+
+def clip_to_range(
+    scores: torch.Tensor, score_range: tuple[float, float] | None, name: str
+) -> torch.Tensor:
+    """``scores`` with rounding overshoot past the declared range clipped; a clear error past it.
+
+    Non-finite entries (NaN padding, -inf) pass unchanged.
+    """
+    if score_range is None:
+        return scores
+    low, high = score_range
+    finite = torch.isfinite(scores)
+    if not bool(finite.any()):
+        return scores
+    margin = RANGE_TOLERANCE * (high - low) / 2.0 if math.isfinite(high - low) else 0.0
+    values = scores[finite]
+    lo_seen, hi_seen = float(values.min()), float(values.max())
+    if lo_seen < low - margin or hi_seen > high + margin:
+        raise ValueError(
+            f"{name} reach [{lo_seen:.6g}, {hi_seen:.6g}], outside the declared score_range "
+            f"[{low:g}, {high:g}]; pass score_range=None (similarity 'dot') for unbounded "
+            "inner products, or the similarity's own range"
+        )
+    clipped = scores.clamp(low, high)
+    return torch.where(finite, clipped, scores)
 
 
 #: ``evt_support``'s shape bound for scores outside [−1, 1] (unbounded inner products).
@@ -61,6 +130,34 @@ UNBOUNDED_XI_MAX = 0.5
 
 
 DEFAULT_CONFIG = TailConfig()
+
+#: Sample size from which ``evt_support`` keeps the paper's constants (top 4,000, 200 exceedances).
+PAPER_SAMPLE = 1_000_000
+
+
+def sample_n_top(n_sample: int, n_top: int = DEFAULT_CONFIG.n_top) -> int:
+    """Top scores per query ``evt_support`` thresholds in, for a sample of ``n_sample``.
+
+    ``n_top · sqrt(S / 10^6)``, capped at ``n_top``: the paper's 4,000 (200
+    exceedances at the 95th percentile) from S = 10^6 on, 400 (20) at S = 10^4,
+    1,265 (63) at 10^5. A fixed 4,000 would reach 40% deep into a 10^4 sample,
+    into the bulk of each query's own cluster; a fixed share of S would leave
+    too few exceedances to fit. The √S rate is the usual compromise between the
+    bias of a deep threshold and the variance of a shallow one, and it was
+    chosen on the design worlds (docs/tail_validation.md).
+    """
+    return max(1, min(int(n_top), int(round(n_top * math.sqrt(n_sample / PAPER_SAMPLE)))))
+
+
+def sample_excesses(n_sample: int, config: TailConfig = DEFAULT_CONFIG) -> int:
+    """Exceedances ``evt_support`` fits for a sample of ``n_sample`` (200 from 10^6 on, at
+    least ``min_excesses``)."""
+    if config.n_excess is not None:
+        return int(config.n_excess)
+    n_top = min(sample_n_top(n_sample, config.n_top), n_sample)
+    # Never fewer than a fit needs (10 below S ≈ 2,500), nor more than the sample holds.
+    n = max(int(config.min_excesses), int(round((1.0 - config.threshold_quantile) * n_top)))
+    return max(1, min(n, n_sample - 1))
 
 
 @dataclass
@@ -143,12 +240,22 @@ def fit_tail(
     else:
         n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
     u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
-    gpd = fit_gpd(excess, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
+    # Fitted in units of each query's largest excess, so that the fit's decisions (grid
+    # argmax, candidate comparisons) do not depend on the score scale: a·s + b gives
+    # the same ξ and a·σ.
+    scale = torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    unit = excess / scale.unsqueeze(1)
+    gpd = fit_gpd(unit, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
     if config.xi_max > 0:
-        gpd = _with_heavy_shapes(gpd, excess, w_exc, config)
+        gpd = _with_heavy_shapes(gpd, unit, w_exc, config)
     ok = gpd.ok & has_u
     return TailFit(
-        threshold=u, sigma=gpd.sigma, xi=gpd.xi, zeta=w_exc.sum(1) / float(n_sample), ok=ok
+        threshold=u,
+        sigma=gpd.sigma * scale,
+        xi=gpd.xi,
+        zeta=w_exc.sum(1) / float(n_sample),
+        ok=ok,
     )
 
 
@@ -170,14 +277,6 @@ def _with_heavy_shapes(gpd, excess: torch.Tensor, w_exc: torch.Tensor, config: T
         xi=torch.where(take, grid[best.squeeze(1)], gpd.xi),
         loglik=torch.where(take, ll, gpd.loglik),
     )
-
-
-def scores_bounded(pos_sorted: torch.Tensor, valid: torch.Tensor, top: torch.Tensor) -> bool:
-    """True when every kept sample score and positive lies in [−1, 1] (cosine-like scores)."""
-    kept = top[torch.isfinite(top)]
-    pos = pos_sorted[valid]
-    inside = lambda t: t.numel() == 0 or bool(t.abs().max() <= 1.0 + 1e-6)  # noqa: E731
-    return inside(kept) and inside(pos)
 
 
 def threshold_excesses(
@@ -240,19 +339,26 @@ def estimate_hardness(
         counts: (Q, m) sampled distractors ≥ each positive.
         fit: the TailFit for ``evt`` (None for ``count``).
     """
-    counts, _ = sample_counts(pos_sorted, valid, top, weight)
-    x_count = counts / float(n_sample)
-    if estimator == "count":
-        return x_count, counts, None
-    if estimator not in ("evt", "evt_support"):
+    if estimator not in ("count", "evt", "evt_support"):
         raise ValueError(
             f"unknown hardness estimator {estimator!r}; known: count, evt, evt_support"
         )
     if estimator == "evt_support":
-        # The shape bound follows the score support: bounded (cosine) scores keep the
-        # paper's ξ ≤ 0, unbounded inner products may have a heavy (ξ > 0) tail.
-        bounded = scores_bounded(pos_sorted, valid, top)
-        config = dataclasses.replace(config, xi_max=0.0 if bounded else UNBOUNDED_XI_MAX)
+        # The shape bound follows the declared score range: scores bounded above
+        # (cosine) keep the paper's ξ ≤ 0, unbounded inner products may have a heavy
+        # (ξ > 0) tail. Clipping the rounding overshoot keeps the fit off it.
+        pos_sorted = clip_to_range(pos_sorted, config.score_range, "positive scores")
+        top = clip_to_range(top, config.score_range, "sampled distractor scores")
+        bounded = config.score_range is not None and math.isfinite(config.score_range[1])
+        config = dataclasses.replace(
+            config,
+            xi_max=0.0 if bounded else UNBOUNDED_XI_MAX,
+            n_excess=sample_excesses(n_sample, config),
+        )
+    counts, _ = sample_counts(pos_sorted, valid, top, weight)
+    x_count = counts / float(n_sample)
+    if estimator == "count":
+        return x_count, counts, None
     fit = fit_tail(top, n_sample, weight, config)
     x_tail = tail_hardness(pos_sorted, fit)
     use_tail = valid & (counts < config.min_count) & ~torch.isnan(x_tail)

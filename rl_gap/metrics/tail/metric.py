@@ -12,6 +12,7 @@ sample sizes summed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -22,9 +23,10 @@ from rl_gap.metrics.tail.estimate import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     TailEstimate,
+    check_n_boot,
     resolve_rank_law,
 )
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, resolve_score_range
 from rl_gap.metrics.tail.predictor import TailPredictor
 from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.precision import full_precision_similarity
@@ -62,7 +64,7 @@ class TailExtrapolatedMAP(Metric):
             ("single_x", "powerlaw", "loguniform").
         rank_law: None (the estimator's own), "plugin" (expected ranks) or
             "binomial"/"poisson" (E[AP@k]).
-        n_boot: query-bootstrap replicates for the interval.
+        n_boot: query-bootstrap replicates for the interval (0: none, logged as NaN).
         fractions: nested sub-sample fractions kept (for diagnostics).
         block_size: distractors per GEMM block when fed embeddings.
         seed: seeds the random part assignment (when no ids) and the bootstrap.
@@ -72,6 +74,9 @@ class TailExtrapolatedMAP(Metric):
             resamples distractors jointly across queries (a distractor that
             ranks high for many queries moves them all at once). Triples the
             state's memory.
+        score_range: the similarity's declared range ("cosine" = [−1, 1], the
+            default; "dot" or None = unbounded; or a (low, high) pair), as in
+            :func:`~rl_gap.metrics.tail.predict_map`.
 
     Example:
         Register the queries and their positives first (on every rank alike),
@@ -115,9 +120,11 @@ class TailExtrapolatedMAP(Metric):
         seed: int = 0,
         config: TailConfig = DEFAULT_CONFIG,
         keyed: bool = False,
+        score_range: str | tuple[float, float] | None = "cosine",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        config = dataclasses.replace(config, score_range=resolve_score_range(score_range))
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
         resolve_rank_law(estimator, rank_law)
@@ -129,6 +136,7 @@ class TailExtrapolatedMAP(Metric):
         self.k = int(k)
         self.estimator = estimator
         self.rank_law = rank_law
+        check_n_boot(n_boot)
         self.n_boot = n_boot
         self.fractions = tuple(fractions)
         self.capacity = max(self.k, config.n_top)
@@ -340,16 +348,19 @@ class TailExtrapolatedMAP(Metric):
         est = self.predictor().estimate(
             self.estimator, self.gallery_size, self.rank_law, self.n_boot
         )
+        # n_boot = 0 asks for no interval: its bounds are logged as NaN.
+        ci = est.ci or (math.nan, math.nan)
         out = {
             "map": torch.tensor(est.map, dtype=torch.float64),
-            "ci_low": torch.tensor(est.ci[0], dtype=torch.float64),
-            "ci_high": torch.tensor(est.ci[1], dtype=torch.float64),
+            "ci_low": torch.tensor(ci[0], dtype=torch.float64),
+            "ci_high": torch.tensor(ci[1], dtype=torch.float64),
         }
         if est.diagnostics is not None:
             # Logged next to the prediction (W&B), and said once per compute.
             out["supported"] = torch.tensor(float(est.supported), dtype=torch.float64)
-            out["ci_total_low"] = torch.tensor(est.ci_total[0], dtype=torch.float64)
-            out["ci_total_high"] = torch.tensor(est.ci_total[1], dtype=torch.float64)
+            total = est.ci_total or (math.nan, math.nan)
+            out["ci_total_low"] = torch.tensor(total[0], dtype=torch.float64)
+            out["ci_total_high"] = torch.tensor(total[1], dtype=torch.float64)
             if est.flags:
                 warnings.warn(
                     f"TailExtrapolatedMAP ({self.estimator}, N = {self.gallery_size:,}): the "

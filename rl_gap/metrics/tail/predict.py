@@ -8,7 +8,7 @@ from an i.i.d. distractor sample of size S predicts AP@k at any N (docs/definiti
 
 ```python
 from rl_gap.metrics.tail import predict_map
-est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # "evt_support"
+est = predict_map(pos_scores, sample_scores, gallery_size=N, k=1000)  # DEFAULT_ESTIMATOR
 est.map, est.ci, est.per_query
 ```
 
@@ -24,6 +24,8 @@ the torchmetrics class and ``rl-gap extrapolate`` fill without holding Q × S.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
@@ -33,7 +35,7 @@ from rl_gap.metrics.tail.estimate import (
     _check_common,
     check_positive_scores,
 )
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, resolve_score_range
 from rl_gap.metrics.tail.predictor import TailPredictor
 from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK
 
@@ -103,6 +105,7 @@ def predict_map(
     config: TailConfig = DEFAULT_CONFIG,
     seed: int = 0,
     bayes: BayesTailConfig = DEFAULT_BAYES,
+    score_range: str | tuple[float, float] | None = "cosine",
 ) -> TailEstimate:
     """Predict mAP@k at gallery size N from a distractor sample (docs/definitions.md).
 
@@ -128,6 +131,11 @@ def predict_map(
         config: EVT settings (top 4000, 95th percentile, < 5 count rule).
         seed: bootstrap seed, and the seed of the column permutation.
         bayes: settings of the ``tail`` estimator.
+        score_range: the declared range of the similarity: "cosine" (default,
+            [−1, 1]), "dot" or None (unbounded inner products), or a (low, high)
+            pair (e.g. the range mapped with the scores). ``evt_support`` bounds
+            the tail shape by it (replaces ``config.score_range``); scores past it by
+            rounding are clipped, further out refused. Never guessed from the data.
 
     Returns:
         TailEstimate with ``map``, ``ci``, ``per_query`` and diagnostics.
@@ -157,6 +165,7 @@ def predict_map(
         )
     check_positive_scores(pos_scores, sample_scores.shape[0])
     _check_common(gallery_size, sample_scores.shape[1], k, estimator, rank_law)
+    config = dataclasses.replace(config, score_range=resolve_score_range(score_range))
     state = state_from_scores(
         sample_scores, max(int(k), config.n_top), keyed=nested_boot > 0, seed=seed
     )

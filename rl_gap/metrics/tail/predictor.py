@@ -36,6 +36,7 @@ from rl_gap.metrics.tail.estimate import (  # noqa: F401  (public re-exports)
     TailEstimate,
     _check_common,
     bootstrap_ci,
+    check_n_boot,
     check_positive_scores,
     percentile_interval,
     resolve_rank_law,
@@ -55,6 +56,9 @@ from rl_gap.metrics.tail.rank_law import (
     sort_positives,
 )
 from rl_gap.metrics.tail.sampling import NestedTopK, poisson_multiplicities
+
+#: The stages :meth:`TailPredictor.estimate` reports to ``on_stage``, in order.
+ESTIMATE_STAGES = ("fit", "interval", "joint bootstrap", "budget", "checks", "done")
 
 
 class TailPredictor:
@@ -90,8 +94,12 @@ class TailPredictor:
             )
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if state.capacity < k:
-            raise ValueError(f"the state keeps {state.capacity} scores per query; need >= k = {k}")
+        if state.capacity < min(int(k), int(state.seen.sum())):
+            # Counts are exact below the kept depth; with every sampled score kept, always.
+            raise ValueError(
+                f"the state keeps {state.capacity} scores per query; need >= "
+                f"min(k = {k}, sample size)"
+            )
         self.k = int(k)
         self.config = config
         self.bayes = bayes
@@ -263,9 +271,10 @@ class TailPredictor:
 
     def _aggregate(
         self, estimator: str, gallery_size: int, n_boot: int, confidence: float
-    ) -> tuple[float, tuple[float, float]]:
+    ) -> tuple[float, tuple[float, float] | None]:
         """mAP and query-bootstrap interval of the curve fits and single_x (refit per replicate)."""
         rows = self.query_ok.nonzero().squeeze(1)
+        check_n_boot(n_boot)
         gen = self._generator()
         idx = torch.randint(0, rows.numel(), (n_boot, rows.numel()), generator=gen)
         pick = torch.cat([torch.arange(rows.numel()).unsqueeze(0), idx])  # row 0: all queries
@@ -283,7 +292,8 @@ class TailPredictor:
                 [self.per_query("sample", 1, level=i)[rows] for i in levels], 1
             )  # (q, L)
             pred = fit_curve(sizes, per_level[pick].mean(1), estimator, float(gallery_size))
-        return float(pred[0]), percentile_interval(pred[1:], confidence)
+        ci = percentile_interval(pred[1:], confidence) if n_boot > 0 else None
+        return float(pred[0]), ci
 
     def _generator(self, offset: int = 0) -> torch.Generator:
         return torch.Generator().manual_seed(self.seed + offset)
@@ -298,18 +308,21 @@ class TailPredictor:
         nested_boot: int = 0,
         budget: bool = False,
         diagnose: bool = True,
+        on_stage=None,
     ) -> TailEstimate:
         """Predicted mAP@k at ``gallery_size`` with a query-bootstrap interval.
 
         Args:
-            estimator: one of :data:`ESTIMATORS` ("tail", the default of
-                :func:`predict_map`; "evt", "count", "sample" = the metric of
-                the sample gallery itself at N = S; the baselines "single_x",
-                "powerlaw", "loguniform").
+            estimator: one of :data:`ESTIMATORS` (:data:`DEFAULT_ESTIMATOR`, the
+                default of :func:`predict_map`; "tail", "evt", "count", "sample" =
+                the metric of the sample gallery itself at N = S; the baselines
+                "single_x", "powerlaw", "loguniform").
             gallery_size: N to predict for (≥ S).
             rank_law: None (the estimator's own: "predictive" for tail, else
                 "plugin"), "plugin", "binomial" or "poisson" (see rank_law).
-            n_boot: query-bootstrap replicates.
+            n_boot: query-bootstrap replicates; 0 = no interval (``ci`` and
+                ``ci_total`` None; the budget check then takes its query noise
+                from 200 replicates of its own).
             confidence: interval mass.
             nested_boot: if > 0, also resample the distractor sample this
                 many times (Poisson(1) multiplicities), jointly with the
@@ -321,11 +334,17 @@ class TailPredictor:
                 ``tail`` replicates refit without the bias correction and add
                 each query's correction from the full sample.
             budget: add the sufficient-budget diagnostic (S/4, S/2, S).
-            diagnose: for count/evt/tail, run the checks of ``diagnostics``
-                (threshold stability and the S/4–S/2–S budget, both with the
-                plug-in GPD, ~4× its cost) and fill ``flags``, ``ci_total``
-                and ``diagnostics``.
+            diagnose: for the hardness estimators, run the checks of
+                ``diagnostics`` for this estimator and fill ``flags``,
+                ``ci_total`` and ``diagnostics``: the S/4–S/2–S budget of its own
+                prediction (``tail``: of the plug-in GPD, its cheap stand-in) and,
+                for the GPD estimators, the threshold stability (``count`` has no
+                threshold, so only its budget is checked).
+            on_stage: optional ``on_stage(name)`` called as each stage starts
+                (:data:`ESTIMATE_STAGES`), for progress display.
         """
+        check_n_boot(n_boot)
+        stage = on_stage or (lambda name: None)
         _check_common(gallery_size, self.sample_size, self.k, estimator, rank_law)
         rank_law = resolve_rank_law(estimator, rank_law)
         if self.sample_size < self.k:
@@ -334,14 +353,16 @@ class TailPredictor:
                 f"k = {self.k}: the prediction rests on almost no distractor and is unreliable",
                 stacklevel=3,
             )
-        if estimator in ("evt", "evt_support") and self.sample_size < self.config.n_top:
+        if estimator == "evt" and self.sample_size < self.config.n_top:
             warnings.warn(
                 f"distractor sample ({self.sample_size}) is smaller than the EVT's top "
                 f"{self.config.n_top}; using all sampled scores",
                 stacklevel=3,
             )
+        stage("fit")
         per_query = self.per_query(estimator, gallery_size, rank_law)
         valid_q = per_query[self.query_ok]
+        stage("interval")
         if not bool(self.query_ok.any()):
             raise ValueError("no query has a positive: nothing to evaluate")
         if estimator in ("single_x", *CURVE_ESTIMATORS):
@@ -365,21 +386,26 @@ class TailPredictor:
             est.hardness, _, est.fit = self.hardness(estimator)
             if est.fit is not None:
                 est.tail_ok = est.fit.ok
+        stage("joint bootstrap")
         if nested_boot > 0 and estimator in (*HARDNESS_ESTIMATORS, "sample"):
             est.nested_ci, est.sample_noise_sd = self._nested(
                 estimator, gallery_size, rank_law, nested_boot, confidence, per_query
             )
+        stage("budget")
         if budget and estimator in HARDNESS_ESTIMATORS:
             est.budget = self.budget(estimator, gallery_size, rank_law, n_boot, confidence, ci)
+        stage("checks")
         if diagnose and estimator in HARDNESS_ESTIMATORS:
-            # The checks ask whether the sample supports a tail extrapolation at all:
-            # they run the cheap plug-in GPD whatever the estimator.
-            plug_in = estimator if estimator in ("evt", "evt_support") else "evt"
-            own = est.budget if estimator == plug_in else None
-            own_ci = ci if estimator == plug_in else None
-            diag = diagnose_prediction(self, gallery_size, plug_in, "plugin", ci=own_ci, budget=own)
+            # Each estimator's own checks; ``tail`` (~7 plain fits a prediction) is
+            # checked through the plug-in GPD, whose threshold and budget it shares.
+            checked = "evt" if estimator == "tail" else estimator
+            own = est.budget if checked == estimator else None
+            own_ci = ci if checked == estimator else None
+            law = "plugin" if estimator == "tail" else rank_law
+            diag = diagnose_prediction(self, gallery_size, checked, law, ci=own_ci, budget=own)
             est.diagnostics, est.flags = diag, list(diag.flags)
             est.ci_total = diag.widen(est.nested_ci if est.nested_ci is not None else ci)
+        stage("done")
         return est
 
     def _nested(
@@ -451,16 +477,22 @@ class TailPredictor:
                 {"fraction": fractions[i], "sample_size": n, "map": float(pq[self.query_ok].mean())}
             )
         if ci is None:
+            # The check needs the query noise even when no interval was asked for.
             ci = bootstrap_ci(
                 self.per_query(estimator, gallery_size, rank_law),
-                n_boot,
+                max(int(n_boot), 200),
                 confidence,
                 self._generator(),
             )
         noise = (ci[1] - ci[0]) / 2.0
         maps = [r["map"] for r in rows]
         spread = max(maps) - min(maps) if maps else math.nan
-        return {"levels": rows, "spread": spread, "noise": noise, "converged": bool(spread < noise)}
+        return {
+            "levels": rows,
+            "spread": spread,
+            "noise": noise,
+            "converged": bool(spread <= noise),
+        }
 
     def curve(
         self,

@@ -40,7 +40,7 @@ def test_default_estimator_is_evt_support():
     # Chosen on the design worlds, lowest held-out error at ≤ 5× evt's cost (docs/tail_validation.md).
     assert DEFAULT_ESTIMATOR == "evt_support"
     pos, neg = small_world(0, S=3000)
-    est = predict_map(pos, neg, gallery_size=30_000, k=100, n_boot=20)
+    est = predict_map(pos, neg, gallery_size=30_000, k=100, n_boot=20, score_range=None)
     assert est.estimator == "evt_support" and est.rank_law == "plugin"
 
 
