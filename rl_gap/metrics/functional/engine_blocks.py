@@ -40,6 +40,7 @@ class BlockReader:
         self.source, self.device, self.dtype = source.detach(), device, dtype
         self.order = None if order is None else order.to(source.device)
         self.max_rows = max_rows
+        self.converts = source.dtype != dtype or source.device != device
         self._gathered: Tensor | None = None  # rows in the source's dtype and device
         self._converted: Tensor | None = None  # rows in the scoring dtype and device
 
@@ -52,16 +53,15 @@ class BlockReader:
 
     def read(self, start: int, stop: int) -> Tensor:
         """Block of rows ``start..stop`` (at most ``max_rows``) ready to score."""
-        needs_conversion = self.source.dtype != self.dtype or self.source.device != self.device
         if self.order is None:
             rows = self.source[start:stop]
-            if not needs_conversion:
+            if not self.converts:
                 return rows
         else:
             gathered = self._buffer("_gathered", self.source.dtype, self.source.device)
             rows = gathered[: stop - start]
             torch.index_select(self.source, 0, self.order[start:stop], out=rows)
-            if not needs_conversion:
+            if not self.converts:
                 return rows
         converted = self._buffer("_converted", self.dtype, self.device)[: stop - start]
         converted.copy_(rows)
