@@ -39,7 +39,9 @@ class BlockReader:
         # detached: ``out=`` gathers refuse tensors that require grad
         self.source, self.device, self.dtype = source.detach(), device, dtype
         self.order = None if order is None else order.to(source.device)
-        self.max_rows = max_rows
+        self.max_rows, self.width = max_rows, source.shape[1]
+        # Read once: every access to the source counts as a read of it (torch functions).
+        self.source_dtype, self.source_device = source.dtype, source.device
         self.converts = source.dtype != dtype or source.device != device
         self._gathered: Tensor | None = None  # rows in the source's dtype and device
         self._converted: Tensor | None = None  # rows in the scoring dtype and device
@@ -47,7 +49,7 @@ class BlockReader:
     def _buffer(self, name: str, dtype: torch.dtype, device: torch.device) -> Tensor:
         buffer = getattr(self, name)
         if buffer is None:
-            buffer = torch.empty((self.max_rows, self.source.shape[1]), dtype=dtype, device=device)
+            buffer = torch.empty((self.max_rows, self.width), dtype=dtype, device=device)
             setattr(self, name, buffer)
         return buffer
 
@@ -58,7 +60,7 @@ class BlockReader:
             if not self.converts:
                 return rows
         else:
-            gathered = self._buffer("_gathered", self.source.dtype, self.source.device)
+            gathered = self._buffer("_gathered", self.source_dtype, self.source_device)
             rows = gathered[: stop - start]
             torch.index_select(self.source, 0, self.order[start:stop], out=rows)
             if not self.converts:

@@ -10,6 +10,7 @@ plan; nothing in it holds a score.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -79,11 +80,11 @@ class Plan:
     def num_database(self) -> int:
         return self.database.shape[0] if self.d_order is None else self.d_order.numel()
 
-    @property
+    @cached_property
     def row_blocks(self) -> list[tuple[int, int]]:
         return block_bounds(self.num_queries, self.rows_step)
 
-    @property
+    @cached_property
     def col_blocks(self) -> list[tuple[int, int]]:
         return block_bounds(self.num_database, self.cols_step)
 

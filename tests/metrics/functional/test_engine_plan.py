@@ -32,9 +32,7 @@ def test_label_pairs_and_self_pairs_match_brute_force():
     db = torch.randn(23, 4, generator=g)
     d_lab = torch.randint(0, 5, (23,), generator=g)
     index = torch.randperm(23, generator=g)[:9]
-    plan = plan_problem(
-        db[index], db, d_lab[index], d_lab, query_index=index, block_size=(4, 5)
-    )
+    plan = plan_problem(db[index], db, d_lab[index], d_lab, query_index=index, block_size=(4, 5))
     assert _pairs_in_caller_order(plan) == _brute_pairs(d_lab[index], d_lab, index)
     # sorted queries read their own rows; the self column is the query's database row
     assert torch.equal(plan.q_source, plan.perm_q)
