@@ -240,54 +240,23 @@ def evaluate_embeddings(
     num_q = queries_t.shape[0]
     num_d = num_q if database is None else database.shape[0]
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
+    if score_norm is not None and background is None:
+        raise ValueError("score_norm needs background embeddings (background=)")
     offsets = None
     if background is not None:  # query-side score normalisation (score_norm.py)
-        # The engine subtracts each query's offset from its score blocks, so the
-        # database is still read block-wise (no augmented copy).
-        offsets = background_offsets(
-            queries_t,
-            as_tensor(background, "background"),
-            score_norm or ScoreNorm(),
-            block_size=block_size if isinstance(block_size, int) else block_size[1],
-            device=device,
-        )
+        offsets = _background_offsets(queries_t, background, score_norm, block_size, device)
         if exclude_self:  # shifted scores are not symmetric: self pairs by index
             query_index, exclude_self = self_index, False
             database = queries_t if database is None else database
-    elif score_norm is not None:
-        raise ValueError("score_norm needs background embeddings (background=)")
     if relevance_fn is not None:
         if relevant_pairs is not None:
             raise ValueError("give relevant_pairs or relevance_fn, not both")
         relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
-    if relevant_pairs is not None:
-        if protocol:
-            raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
-        q_idx = as_tensor(relevant_pairs[0], "relevant_pairs").long().cpu()
-        d_idx = as_tensor(relevant_pairs[1], "relevant_pairs").long().cpu()
-        if q_idx.numel() and (int(q_idx.min()) < 0 or int(q_idx.max()) >= num_q):
-            raise ValueError("relevant_pairs index out of range")
-        if self_index is not None and q_idx.numel():
-            q_idx = q_idx[d_idx != self_index[q_idx]]
-        has_positive = torch.bincount(q_idx, minlength=num_q)[:num_q] > 0
-    else:
-        if query_labels is None:
-            raise ValueError("query_labels are required (or relevant_pairs)")
-        q_lab = as_tensor(query_labels, "query_labels").cpu()
-        d_lab = (
-            q_lab
-            if database_labels is None
-            else as_tensor(database_labels, "database_labels").cpu()
-        )
-        if q_lab.ndim != 1 or q_lab.shape[0] != num_q:
-            raise ValueError(
-                f"query_labels has shape {tuple(q_lab.shape)}, expected ({num_q},) (one per query)"
-            )
-        if d_lab.ndim != 1:
-            raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
-        q_lab = check_labels(q_lab, num_q, "query_labels")
-        d_lab = check_labels(d_lab, num_d, "database_labels")
-        has_positive = _positives_per_query(q_lab, d_lab, self_index is not None) > 0
+    if relevant_pairs is not None and protocol:
+        raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
+    has_positive, q_lab, d_lab = _relevance(
+        relevant_pairs, query_labels, database_labels, num_q, num_d, self_index
+    )
     group, num_groups = query_groups(has_positive)
     engine = {
         "block_size": block_size, "device": device, "cache_bytes": cache_bytes, "shard": shard,
@@ -300,30 +269,83 @@ def evaluate_embeddings(
     )  # fmt: skip
     recall_state = None
     if recall_over_database and ks:
-        items = queries_t if database is None else database
-        group, num_groups = query_groups(_positives_per_query(d_lab, d_lab, True) > 0)
-        recall_state = state_from_embeddings(
-            items, items, d_lab, d_lab, exclude_self=True, query_group=group,
-            num_groups=num_groups, validated=True, **engine,
-        )  # fmt: skip
+        recall_state = _leave_one_out_state(
+            queries_t if database is None else database, d_lab, engine
+        )
     halves = None
     if protocol:
-        try:
-            halves = embedding_protocol_states(
-                queries_t, database, q_lab, d_lab, exclude_self=exclude_self,
-                query_index=query_index, precisions=precisions, seed=seed,
-                query_offsets=offsets, **engine,
-            )  # fmt: skip
-        except ValueError as error:
-            if protocol_failure == "raise":
-                raise
-            log.warning("threshold protocol not computed (protocol_* = NaN): %s", error)
+        halves = _protocol_or_none(
+            protocol_failure, queries_t, database, q_lab, d_lab, exclude_self=exclude_self,
+            query_index=query_index, precisions=precisions, seed=seed, query_offsets=offsets,
+            **engine,
+        )  # fmt: skip
     metrics = metrics_from_state(
         state, ks, precisions, map_at, ceiling, halves, bootstrap, seed, recall_state
     )
     if protocol and halves is None:
         metrics.update(_missing_protocol(precisions))
     return (metrics, state) if return_state else metrics
+
+
+def _background_offsets(queries: Tensor, background, score_norm, block_size, device) -> Tensor:
+    """Per-query score offsets against ``background`` (``score_norm.py``). The engine
+    subtracts them from its score blocks, so the database is still read block-wise."""
+    return background_offsets(
+        queries,
+        as_tensor(background, "background"),
+        score_norm or ScoreNorm(),
+        block_size=block_size if isinstance(block_size, int) else block_size[1],
+        device=device,
+    )
+
+
+def _relevance(relevant_pairs, query_labels, database_labels, num_q: int, num_d: int, self_index):
+    """``(has_positive (Q,), query labels, database labels)``; labels are None with
+    explicit ``relevant_pairs``."""
+    if relevant_pairs is not None:
+        q_idx = as_tensor(relevant_pairs[0], "relevant_pairs").long().cpu()
+        d_idx = as_tensor(relevant_pairs[1], "relevant_pairs").long().cpu()
+        if q_idx.numel() and (int(q_idx.min()) < 0 or int(q_idx.max()) >= num_q):
+            raise ValueError("relevant_pairs index out of range")
+        if self_index is not None and q_idx.numel():
+            q_idx = q_idx[d_idx != self_index[q_idx]]
+        return torch.bincount(q_idx, minlength=num_q)[:num_q] > 0, None, None
+    if query_labels is None:
+        raise ValueError("query_labels are required (or relevant_pairs)")
+    q_lab = as_tensor(query_labels, "query_labels").cpu()
+    d_lab = (
+        q_lab if database_labels is None else as_tensor(database_labels, "database_labels").cpu()
+    )
+    if q_lab.ndim != 1 or q_lab.shape[0] != num_q:
+        raise ValueError(
+            f"query_labels has shape {tuple(q_lab.shape)}, expected ({num_q},) (one per query)"
+        )
+    if d_lab.ndim != 1:
+        raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
+    q_lab = check_labels(q_lab, num_q, "query_labels")
+    d_lab = check_labels(d_lab, num_d, "database_labels")
+    return _positives_per_query(q_lab, d_lab, self_index is not None) > 0, q_lab, d_lab
+
+
+def _leave_one_out_state(items: Tensor, labels: Tensor, engine: dict) -> RetrievalState:
+    """Every item a query against all others (R@k over the whole database)."""
+    group, num_groups = query_groups(_positives_per_query(labels, labels, True) > 0)
+    return state_from_embeddings(
+        items, items, labels, labels, exclude_self=True, query_group=group,
+        num_groups=num_groups, validated=True, **engine,
+    )  # fmt: skip
+
+
+def _protocol_or_none(failure: str, *args, **kwargs):
+    """``embedding_protocol_states``; with ``failure="nan"`` a protocol that cannot be
+    built (e.g. one class) logs a warning and gives None."""
+    try:
+        return embedding_protocol_states(*args, **kwargs)
+    except ValueError as error:
+        if failure == "raise":
+            raise
+        log.warning("threshold protocol not computed (protocol_* = NaN): %s", error)
+        return None
 
 
 def _missing_protocol(precisions: tuple[float, ...]) -> dict[str, float]:
