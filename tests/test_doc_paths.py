@@ -2,8 +2,7 @@
 
 A path is ``tests/``, ``scripts/``, ``research/``, ``recipes/``, ``docs/`` or
 ``rl_gap/`` followed by a file name with one of the repository's extensions.
-The old names in the README's "Moved names" table (its first column) are the
-one place where paths that no longer exist are meant.
+Paths that no longer exist (moved names) live in CHANGELOG.md, which is not a guide.
 """
 
 from __future__ import annotations
@@ -19,12 +18,7 @@ PATH = re.compile(
 
 def _mentions(text: str) -> list[tuple[int, str]]:
     out = []
-    moved = False
     for number, line in enumerate(text.splitlines(), 1):
-        if line.startswith("#"):
-            moved = line.strip("# ").lower() == "moved names"
-        if moved and line.startswith("|"):
-            line = "|".join(line.split("|")[2:])  # the new names only
         out += [(number, path) for path in PATH.findall(line) if "..." not in path]
     return out
 
@@ -32,8 +26,6 @@ def _mentions(text: str) -> list[tuple[int, str]]:
 def test_pattern_finds_paths():
     found = [p for _, p in _mentions("see `tests/losses/test_sharding.py` and docs/gpu.md.")]
     assert found == ["tests/losses/test_sharding.py", "docs/gpu.md"]
-    table = "### Moved names\n| `rl_gap/old.py` | `rl_gap/new.py` |\n## Next\n`rl_gap/x.py`"
-    assert [p for _, p in _mentions(table)] == ["rl_gap/new.py", "rl_gap/x.py"]
 
 
 def test_every_named_path_exists():

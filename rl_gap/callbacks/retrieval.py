@@ -30,15 +30,9 @@ from rl_gap import dist
 from rl_gap.callbacks.plots import save_consistency_plots, send_plots
 from rl_gap.callbacks.selection import guard_model_selection
 from rl_gap.metrics.distractor import distractor_metrics
-from rl_gap.metrics.functional.arguments import check_block_size, precision_tag
-from rl_gap.metrics.functional.engine import state_from_embeddings
+from rl_gap.metrics.functional.arguments import check_block_size
 from rl_gap.metrics.functional.sharding import Shard, process_group_shard
-from rl_gap.metrics.functional.suite import (
-    check_suite_arguments,
-    embedding_protocol_states,
-    metrics_from_state,
-    query_groups,
-)
+from rl_gap.metrics.functional.suite import check_suite_arguments, evaluate_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +49,21 @@ def unique_by_index(
     return embeddings[order], labels[order], indices[keep]
 
 
+def _engine_problem(embeddings: torch.Tensor, labels: torch.Tensor, query_positions):
+    """``evaluate_embeddings`` arguments of an evaluation split: every item a leave-one-out
+    query (``query_positions`` None), or those rows as queries against the whole split."""
+    if query_positions is None:
+        return {"queries": embeddings, "query_labels": labels, "exclude_self": True}
+    query_positions = query_positions.to(embeddings.device)
+    return {
+        "queries": embeddings[query_positions],
+        "database": embeddings,
+        "query_labels": labels[query_positions],
+        "database_labels": labels,
+        "query_index": query_positions.cpu(),
+    }
+
+
 def retrieval_state(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
@@ -62,29 +71,14 @@ def retrieval_state(
     block_size: int = 2048,
     shard: Shard | None = None,
 ):
-    """Exact retrieval state of an evaluation set (distractor queries in their own group).
-
-    ``query_positions=None``: every item is a query against all others
-    (leave-one-out). Otherwise those rows are the queries against the whole
-    set, each without itself (iNaturalist: 4 queries per class). Both run the
-    blocked engine: memory never holds the Q × D matrix. ``shard``: the processes
-    split the engine's blocks (``rl_gap.metrics.functional.sharding``).
-    """
-    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-    has_positive = (counts[inverse] - 1).cpu() > 0  # another item of the same class exists
-    if query_positions is None:
-        group, num_groups = query_groups(has_positive)
-        return state_from_embeddings(
-            embeddings, embeddings, labels, labels, exclude_self=True, block_size=block_size,
-            query_group=group, num_groups=num_groups, shard=shard,
-        )  # fmt: skip
-    query_positions = query_positions.to(embeddings.device)
-    group, num_groups = query_groups(has_positive[query_positions.cpu()])
-    return state_from_embeddings(
-        embeddings[query_positions], embeddings, labels[query_positions], labels,
-        query_index=query_positions, block_size=block_size, query_group=group,
-        num_groups=num_groups, shard=shard,
+    """Exact retrieval state of an evaluation split (distractor queries in their own group;
+    ``evaluate_embeddings``): ``query_positions=None`` is leave-one-out over every item,
+    otherwise those rows are the queries against the whole split, each without itself."""
+    _, state = evaluate_embeddings(
+        **_engine_problem(embeddings, labels, query_positions), ks=(), precisions=(),
+        ceiling=False, block_size=block_size, shard=shard, return_state=True,
     )  # fmt: skip
+    return state
 
 
 def evaluation_metrics(
@@ -101,47 +95,18 @@ def evaluation_metrics(
 ):
     """Metrics of an evaluation split as the papers report them; returns ``(metrics, state)``.
 
-    - gAP, mAP, mAP@k, R@P, F1 and the threshold protocol use the queries
-      (``query_positions``, e.g. iNaturalist's 4 per class; None: every item,
-      leave-one-out) against the whole split;
-    - R@k is over *every* item of the split as a leave-one-out query, as in prior
-      work (iNaturalist: all 136,093 test images), whatever the query subset;
-    - the threshold protocol ranks each half of the classes as its own problem:
-      the half's queries against the half's items (``protocol.py``).
-
-    ``shard`` (every process passing the same gathered set): the processes split
-    each engine pass's blocks and sum its exact counts, so each returns the
-    one-process values (``rl_gap.metrics.functional.sharding``).
+    ``evaluate_embeddings`` with the threshold protocol (NaN when it cannot be built,
+    e.g. one class in a tiny split) and R@k over *every* item of the split as a
+    leave-one-out query, as in prior work (iNaturalist: all 136,093 test images),
+    whatever the query subset (``query_positions``; None: every item). ``shard``:
+    the processes split each engine pass's blocks (``rl_gap.metrics.functional.sharding``).
     """
-    state = retrieval_state(embeddings, labels, query_positions, block_size, shard)
-    recall_state = None
-    if query_positions is not None and ks:
-        recall_state = retrieval_state(embeddings, labels, None, block_size, shard)
-    try:
-        if query_positions is None:
-            halves = embedding_protocol_states(
-                embeddings, None, labels, labels, exclude_self=True, precisions=precisions,
-                seed=protocol_seed, block_size=block_size, shard=shard,
-            )  # fmt: skip
-        else:
-            query_positions = query_positions.to(embeddings.device)
-            halves = embedding_protocol_states(
-                embeddings[query_positions], embeddings, labels[query_positions], labels,
-                query_index=query_positions.cpu(), precisions=precisions, seed=protocol_seed,
-                block_size=block_size, shard=shard,
-            )  # fmt: skip
-    except ValueError as error:
-        # e.g. one class in a tiny evaluation split: the other metrics still stand
-        log.warning("threshold protocol not computed (protocol_* = NaN): %s", error)
-        halves = None
-    metrics = metrics_from_state(
-        state, ks, precisions, map_at, ceiling=False, protocol=halves, recall_state=recall_state
-    )
-    if halves is None:
-        keys = ["f1g", "f1q", "threshold_f1"]
-        keys += [f"{k}{precision_tag(p)}" for p in precisions for k in ("r@p", "threshold_p")]
-        metrics.update({f"protocol_{k}": float("nan") for k in keys})
-    return metrics, state
+    return evaluate_embeddings(
+        **_engine_problem(embeddings, labels, query_positions), ks=ks, precisions=precisions,
+        map_at=map_at, ceiling=False, protocol=True, seed=protocol_seed, block_size=block_size,
+        shard=shard, recall_over_database=query_positions is not None,
+        protocol_failure="nan", return_state=True,
+    )  # fmt: skip
 
 
 class RetrievalEvaluation(Callback):

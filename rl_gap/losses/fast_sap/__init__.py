@@ -9,7 +9,7 @@ instead of the P × M sweep, to a stated relative tolerance:
 - ``binning``: scatter of scores into fine bins and their moments (torch, or ``native``).
 - ``taylor``: the Taylor error bounds of the sigmoid that size the grid.
 - ``drop``: negative dropping by a score threshold (no sort).
-- ``native``: the optional one-pass CPU library (``native_fast_rank.cpp``).
+- ``native``: the optional one-pass CPU library (``native_sap_passes.cpp``).
 
 The loss itself is registered as ``gsap`` (``rl_gap.losses.gsap``, ``impl="fast"|"auto"``);
 the registry stays the way to add or swap losses.

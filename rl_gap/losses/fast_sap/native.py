@@ -1,6 +1,6 @@
 """Optional CPU accelerator for the O(M) passes of the fast smoothed AP (built on first use).
 
-``native_fast_rank.cpp`` is a plain C-ABI library built on first use and
+``native_sap_passes.cpp`` is a plain C-ABI library built on first use and
 loaded with ctypes (``rl_gap.native_build``). It does the binning + moment
 accumulation (forward) and the binning + per-item polynomial (backward) in
 one pass each, where the torch path (``binning``) needs ~15 chunked
@@ -67,11 +67,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 _LIBRARY = NativeLibrary(
-    Path(__file__).with_name("native_fast_rank.cpp"),
-    "rl_gap_fast_rank",
+    Path(__file__).with_name("native_sap_passes.cpp"),
+    "rl_gap_sap_passes",
     _declare,
     _flags,
-    what="fast-rank library",
+    what="smoothed-AP passes library",
 )
 native_enabled = _LIBRARY.enabled
 native_library = _LIBRARY.load

@@ -1,7 +1,7 @@
-// Negative dropping for native_fast_rank.cpp: the radix select of the k-th smallest
+// Negative dropping for native_sap_passes.cpp: the radix select of the k-th smallest
 // negative and the keep mask (the single-process drop, and the histogram and marking
 // passes the sharded select in rl_gap/losses/sharding/drop.py runs between its
-// all-reduces). Included by native_fast_rank.cpp inside its namespace, after its
+// all-reduces). Included by native_sap_passes.cpp inside its namespace, after its
 // parallel() helper.
 #pragma once
 

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rl_gap import dist as shard_comm
 from rl_gap.losses.common import (
     check_batch,
     compute_dtype,
@@ -41,7 +42,6 @@ from rl_gap.losses.common import (
     num_dropped,
     zero_loss,
 )
-from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 
 _HANDLERS: dict[str, Callable[..., torch.Tensor]] = {}

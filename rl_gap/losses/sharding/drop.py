@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import torch
 
+from rl_gap import dist as shard_comm
 from rl_gap.losses.common import num_dropped
 from rl_gap.losses.fast_sap import binning as fast_binning
 from rl_gap.losses.fast_sap import native as fast_native
-from rl_gap.losses.sharding import comm as shard_comm
 
 DIGIT_BITS = 11
 CHUNK_ELEMENTS = 1 << 20  # items keyed at a time in the first pass (bounded temporaries)

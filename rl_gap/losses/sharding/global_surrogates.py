@@ -24,8 +24,8 @@ import math
 
 import torch
 
+from rl_gap import dist as shard_comm
 from rl_gap.losses.ap_surrogate import pessimistic_ranks
-from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.softbin import ITEM_CHUNK, _bin_items, check_num_bins, fastap_from_histograms
 from rl_gap.losses.supap_flat import DEFAULT_BLOCK_ELEMENTS
 

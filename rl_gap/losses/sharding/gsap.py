@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from rl_gap import dist as shard_comm
 from rl_gap.losses.common import compute_dtype
 from rl_gap.losses.fast_sap import binning as fast_binning
 from rl_gap.losses.fast_sap.binning import fine_moments
@@ -43,7 +44,6 @@ from rl_gap.losses.fast_sap.kernel import (
     gradient_from_sums,
     ranks_from_moments,
 )
-from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 from rl_gap.losses.smoothed_ap import auto_chunk_size
 

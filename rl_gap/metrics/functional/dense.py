@@ -117,25 +117,17 @@ def bootstrap_knots(
     return unique_sorted(sorted_idx[picks.round().long()])
 
 
-def state_from_scores(*args, **kwargs) -> RetrievalState:
-    """Exact retrieval state of a materialised matrix (``_state_from_scores``);
-    bookkeeping on one CPU thread, counting with torch's configured threads."""
-    threads = torch.get_num_threads()
-    with torch_threads(1):
-        return _state_from_scores(*args, heavy_threads=threads, **kwargs)
-
-
-def _state_from_scores(
+def state_from_scores(
     scores: Tensor,
     rel: Tensor,
     valid: Tensor | None = None,
     query_group: Tensor | None = None,
     num_groups: int = 1,
     bootstrap_budget: int = 0,
-    heavy_threads: int = 1,
     extra_grid: Tensor | None = None,
 ) -> RetrievalState:
-    """Exact retrieval state of a materialised matrix.
+    """Exact retrieval state of a materialised matrix (bookkeeping on one CPU thread,
+    counting with torch's configured threads).
 
     Args:
         scores: (Q, D) similarities; float64 stays float64, other floats -> float32.
@@ -145,10 +137,20 @@ def _state_from_scores(
         num_groups: number of query groups.
         bootstrap_budget: entries of per-query knot counts to keep for the gAP
             bootstrap (0: none).
-        heavy_threads: CPU threads for the counting kernel.
         extra_grid: optional scores added to the grid (``merge_grid``): negatives are
             counted exactly at each (the threshold protocol's fitted thresholds).
     """
+    heavy_threads = torch.get_num_threads()
+    with torch_threads(1):
+        return _dense_state(
+            scores, rel, valid, query_group, num_groups, bootstrap_budget, extra_grid,
+            heavy_threads,
+        )  # fmt: skip
+
+
+def _dense_state(
+    scores, rel, valid, query_group, num_groups, bootstrap_budget, extra_grid, heavy_threads
+) -> RetrievalState:
     scores, rel, valid = check_matrix_inputs(scores, rel, valid)
     scores = scores.to(compute_dtype_for(scores.dtype))
     num_queries = scores.shape[0]

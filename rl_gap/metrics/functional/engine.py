@@ -21,31 +21,29 @@ symmetric): each unordered pair is scored once and counted for both queries.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from rl_gap.metrics.functional.arguments import check_block_size
 from rl_gap.metrics.functional.counting import NegativeCounter
 from rl_gap.metrics.functional.dense import bootstrap_knots, merge_grid, prepare_positives
+from rl_gap.metrics.functional.engine_blocks import BlockScorer
 from rl_gap.metrics.functional.engine_inputs import (
     as_tensor,
     check_embeddings,
-    check_labels,
     check_query_index,
-    check_rows,
     positive_pairs_from_labels,
     relevant_pairs_from_fn,
-    same_data,
 )
+from rl_gap.metrics.functional.engine_plan import Plan, plan_problem
 from rl_gap.metrics.functional.sharding import Shard, merge_sum
 from rl_gap.metrics.functional.state import (
     RetrievalState,
     argsort_stable,
-    compute_dtype_for,
     torch_threads,
     unique_sorted,
 )
-from rl_gap.precision import autocast_disabled
 
 __all__ = [
     "state_from_embeddings",
@@ -54,23 +52,15 @@ __all__ = [
     "check_embeddings",
     "relevant_pairs_from_fn",
     "check_query_index",
+    "PositiveScores",
+    "NegativeCounts",
+    "score_positives",
+    "count_negatives",
+    "state_in_query_order",
 ]
 
 
-def _blocks(size: int, step: int) -> list[tuple[int, int]]:
-    return [(s, min(size, s + step)) for s in range(0, size, step)]
-
-
-def state_from_embeddings(*args, **kwargs) -> RetrievalState:
-    """Exact retrieval state from embeddings (see ``_state_from_embeddings`` for the
-    arguments). Bookkeeping runs on one CPU thread; the GEMM blocks and the counting
-    kernel use torch's configured threads."""
-    threads = torch.get_num_threads()
-    with torch_threads(1):
-        return _state_from_embeddings(*args, heavy_threads=threads, **kwargs)
-
-
-def _state_from_embeddings(
+def state_from_embeddings(
     queries,
     database=None,
     query_labels=None,
@@ -87,7 +77,6 @@ def _state_from_embeddings(
     cache_bytes: int = 512 << 20,
     validated: bool = False,
     symmetric: bool | None = None,
-    heavy_threads: int = 1,
     extra_grid: Tensor | None = None,
     query_rows: Tensor | None = None,
     database_rows: Tensor | None = None,
@@ -95,6 +84,11 @@ def _state_from_embeddings(
     shard: Shard | None = None,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
+
+    Four steps: ``plan_problem`` (inputs in label-sorted order) -> ``score_positives``
+    (the blocks holding positives) -> ``count_negatives`` (every block, on the grid) ->
+    ``state_in_query_order``. Bookkeeping runs on one CPU thread; the GEMM blocks and
+    the counting kernel use torch's configured threads.
 
     Args:
         queries: (Q, dim) float tensor or numpy array (memory maps are read block-wise).
@@ -116,7 +110,6 @@ def _state_from_embeddings(
         symmetric: leave-one-out on one embedding set (``database`` None or the same
             tensor, labels, square blocks): compute each unordered pair once, so
             (i, j) and (j, i) share one value (None: whenever possible; False: never).
-        heavy_threads: CPU threads for the GEMM blocks and the counting kernel.
         extra_grid: optional scores added to the grid (``merge_grid``): negatives are
             counted exactly at each (the threshold protocol's fitted thresholds).
         query_rows / database_rows: optional (Q,) / (D,) int64 rows of ``queries`` /
@@ -129,266 +122,226 @@ def _state_from_embeddings(
             inputs, scores and counts the blocks it owns, and the counts are summed;
             every process returns the one-process state.
     """
-    queries = as_tensor(queries, "queries")
-    database = queries if database is None else as_tensor(database, "database")
-    if not validated:
-        check_embeddings(queries, "query embeddings")
-        if database is not queries:
-            check_embeddings(database, "database embeddings")
-    if queries.shape[1] != database.shape[1]:
-        raise ValueError(
-            f"embedding dims differ: queries {tuple(queries.shape)}, database {tuple(database.shape)}"
-        )
-    same_rows = query_rows is database_rows
-    query_rows = check_rows(query_rows, queries.shape[0], "query_rows")
-    database_rows = check_rows(database_rows, database.shape[0], "database_rows")
-    num_q = queries.shape[0] if query_rows is None else query_rows.numel()
-    num_d = database.shape[0] if database_rows is None else database_rows.numel()
-    self_index = check_query_index(query_index, num_q, num_d, exclude_self)
-    device = torch.device(device) if device is not None else queries.device
-    dtype = compute_dtype_for(torch.promote_types(queries.dtype, database.dtype))
-    block_size = check_block_size(block_size)
-    rows_step, cols_step = (block_size, block_size) if isinstance(block_size, int) else block_size
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
         raise ValueError(f"cache_bytes must be an integer >= 0, got {cache_bytes!r}")
+    heavy_threads = torch.get_num_threads()
+    with torch_threads(1):
+        plan = plan_problem(
+            queries, database, query_labels, database_labels, exclude_self=exclude_self,
+            query_index=query_index, relevant_pairs=relevant_pairs, block_size=block_size,
+            device=device, query_group=query_group, num_groups=num_groups, validated=validated,
+            symmetric=symmetric, query_rows=query_rows, database_rows=database_rows,
+            query_offsets=query_offsets,
+        )  # fmt: skip
+        scorer = BlockScorer(plan, heavy_threads)
+        positives = score_positives(plan, scorer, cache_bytes, shard)
+        counts = count_negatives(plan, scorer, positives, bootstrap_budget, extra_grid, shard)
+        return state_in_query_order(plan, counts)
 
-    # ---- relevance, in label-sorted order
-    if relevant_pairs is not None:
-        perm_q = torch.arange(num_q)
-        perm_d = torch.arange(num_d)
-        q_idx, d_idx = (as_tensor(t, "relevant_pairs").long().cpu() for t in relevant_pairs)
-        if q_idx.shape != d_idx.shape or q_idx.ndim != 1:
-            raise ValueError("relevant_pairs must be two 1-D index tensors of equal length")
-        if q_idx.numel() and (
-            q_idx.min() < 0 or q_idx.max() >= num_q or d_idx.min() < 0 or d_idx.max() >= num_d
-        ):
-            raise ValueError("relevant_pairs index out of range")
-        key = unique_sorted(q_idx * num_d + d_idx)
-        q_idx, d_idx = key // num_d, key % num_d
-    else:
-        if query_labels is None or database_labels is None:
-            if query_labels is not None and database is queries:
-                database_labels = query_labels
-            else:
-                raise ValueError("give query_labels and database_labels, or relevant_pairs")
-        q_lab = check_labels(as_tensor(query_labels, "query_labels").cpu(), num_q, "query_labels")
-        d_lab = check_labels(
-            as_tensor(database_labels, "database_labels").cpu(), num_d, "database_labels"
-        )
-        if self_index is not None and not bool((q_lab == d_lab[self_index]).all()):
-            raise ValueError(
-                "exclude_self / query_index: a query's label differs from its database row's "
-                "(query_labels must equal database_labels[query_index])"
-            )
-        perm_q = argsort_stable(q_lab)
-        perm_d = perm_q if exclude_self else argsort_stable(d_lab)
-        q_idx, d_idx = positive_pairs_from_labels(q_lab[perm_q], d_lab[perm_d], False)
-    # Self column of each (sorted) query in the sorted database, or None.
-    self_col = None
-    if self_index is not None:
-        inv_perm_d = torch.empty_like(perm_d)
-        inv_perm_d[perm_d] = torch.arange(num_d)
-        self_col = inv_perm_d[self_index[perm_q]]
-        keep = d_idx != self_col[q_idx]
-        q_idx, d_idx = q_idx[keep], d_idx[keep]
 
-    # ---- step 1: positive scores from the blocks that hold them
-    row_blocks, col_blocks = _blocks(num_q, rows_step), _blocks(num_d, cols_step)
-    # Source rows of the sorted problem's queries / database items, read per block.
-    q_source = perm_q if query_rows is None else query_rows[perm_q]
-    d_order = perm_d if relevant_pairs is None else None
-    if database_rows is not None:
-        d_order = database_rows if d_order is None else database_rows[d_order]
-    q_shift = None  # per sorted query: its score offset
-    if query_offsets is not None:
-        q_shift = as_tensor(query_offsets, "query_offsets")
-        if q_shift.shape != (num_q,):
-            raise ValueError(
-                f"query_offsets must be ({num_q},) (one per query), got {tuple(q_shift.shape)}"
-            )
-        q_shift = q_shift.to(device=device, dtype=dtype)[perm_q.to(device)]
+@dataclass
+class PositiveScores:
+    """Step 1's result, positives ordered by the block that holds them.
 
-    def db_block(c0: int, c1: int) -> Tensor:
-        """Sorted database rows c0..c1 on the scoring device, in the scoring dtype."""
-        rows = database[c0:c1] if d_order is None else database[d_order[c0:c1]]
-        return rows.to(device=device, dtype=dtype)
+    Attributes:
+        query / item: (P,) sorted query and database position of each positive.
+        scores: (P,) their scores on the scoring device.
+        block_pairs: block id -> (rows, columns) of its positives inside the block.
+        cache: block id -> kept score block, positives and self pairs already ``-inf``.
+    """
 
-    # Leave-one-out on one embedding set: the score matrix is symmetric, so only
-    # blocks on or above the diagonal are computed; block (r, c) also stands for
-    # (c, r). Pair (j, i) gets the very value computed for (i, j) (one tie, never
-    # two roundings of the same similarity), and the GEMM and global counting halve.
-    symmetric = (
-        symmetric is not False
-        and exclude_self
-        and relevant_pairs is None
-        and same_data(database, queries)
-        and same_rows
-        and q_shift is None
-        and rows_step == cols_step
-    )
+    query: Tensor
+    item: Tensor
+    scores: Tensor
+    block_pairs: dict[int, tuple[Tensor, Tensor]]
+    cache: dict[int, Tensor]
 
-    def query_block(r0: int, r1: int) -> Tensor:
-        if symmetric:
-            return db_block(r0, r1)
-        return queries[q_source[r0:r1]].to(device=device, dtype=dtype)
 
-    def mask_self(block: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
-        if self_col is None:
-            return
-        cols = self_col[r0:r1]
-        rows = ((cols >= c0) & (cols < c1)).nonzero(as_tuple=True)[0]
-        if rows.numel():
-            block[rows.to(block.device), (cols[rows] - c0).to(block.device)] = float("-inf")
+@dataclass
+class NegativeCounts:
+    """Step 2's result: the grid and the negative counts on it (``NegativeCounter``).
 
-    reusable: list[Tensor] = []
+    Attributes:
+        pos_query / pos_scores / pos_grid_index: (P,) positives in sorted query order
+            (``prepare_positives``), with each one's position on the grid.
+        grid: (G,) distinct positive scores (plus ``extra_grid``), ascending.
+        pos_neg_ge: (P,) negatives of the positive's query scoring >= it.
+        grid_neg_ge: (groups, G) negatives of each query group scoring >= each grid value.
+        knots / boot: the bootstrap's knots and per sorted query counts (or None).
+    """
 
-    def gemm(
-        r0: int,
-        r1: int,
-        c0: int,
-        c1: int,
-        q_blk: Tensor | None = None,
-        reuse: bool = False,
-        d_blk: Tensor | None = None,
-    ) -> Tensor:
-        """Score block; ``reuse`` writes it into one recycled buffer (a fresh 16 MB
-        block costs milliseconds of page faults), valid until the next such call."""
-        q_blk = query_block(r0, r1) if q_blk is None else q_blk
-        d_blk = db_block(c0, c1) if d_blk is None else d_blk
-        with torch_threads(heavy_threads), autocast_disabled(device):
-            if not reuse:
-                out = q_blk @ d_blk.T
-            else:
-                if not reusable:
-                    size = min(rows_step, num_q) * min(cols_step, num_d)
-                    reusable.append(torch.empty(size, dtype=dtype, device=device))
-                out = reusable[0][: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
-                torch.mm(q_blk, d_blk.T, out=out)
-            if q_shift is not None:
-                out.sub_(q_shift[r0:r1, None])
-            return out
+    pos_query: Tensor
+    pos_scores: Tensor
+    pos_grid_index: Tensor
+    grid: Tensor
+    pos_neg_ge: Tensor
+    grid_neg_ge: Tensor
+    knots: Tensor | None
+    boot: Tensor | None
 
-    n_col_blocks = len(col_blocks)
-    # Where each positive's score is read: (row, column) of its block.
-    read_q, read_d = q_idx, d_idx
-    if symmetric:
-        lower = (q_idx // rows_step) > (d_idx // cols_step)
-        read_q, read_d = torch.where(lower, d_idx, q_idx), torch.where(lower, q_idx, d_idx)
-    block_id = (read_q // rows_step) * n_col_blocks + read_d // cols_step
+
+def _block_of_each_positive(plan: Plan) -> tuple[Tensor, Tensor, Tensor]:
+    """``(block id, row, column)`` where each positive's score is read. Symmetric plans
+    read a pair below the diagonal from its mirror above it."""
+    read_q, read_d = plan.pos_q, plan.pos_d
+    if plan.symmetric:
+        lower = (read_q // plan.rows_step) > (read_d // plan.cols_step)
+        read_q, read_d = torch.where(lower, read_d, read_q), torch.where(lower, read_q, read_d)
+    n_col_blocks = len(plan.col_blocks)
+    block_id = (read_q // plan.rows_step) * n_col_blocks + read_d // plan.cols_step
+    return block_id, read_q, read_d
+
+
+def score_positives(
+    plan: Plan, scorer: BlockScorer, cache_bytes: int, shard: Shard | None = None
+) -> PositiveScores:
+    """Step 1: score only the blocks that hold a positive pair and read the positives.
+
+    Blocks within ``cache_bytes`` are kept for step 2 with their positives and self
+    pairs set to ``-inf``; the others are scored into the recycled buffer. With a
+    ``shard``, a process scores the blocks it owns and the scores are summed (the
+    others' entries are 0 until then). Raises on scores that overflow to inf.
+    """
+    block_id, read_q, read_d = _block_of_each_positive(plan)
     order = argsort_stable(block_id)
-    q_idx, d_idx, block_id = q_idx[order], d_idx[order], block_id[order]
-    read_q, read_d = read_q[order], read_d[order]
+    block_id, read_q, read_d = block_id[order], read_q[order], read_d[order]
     ids, counts = torch.unique_consecutive(block_id, return_counts=True)
-    bounds = torch.cumsum(counts, 0).tolist()
-    block_pairs: dict[int, tuple[Tensor, Tensor]] = {}
-    # Sharded: entries of blocks owned elsewhere stay 0 until the sum over processes.
-    pos_scores = torch.zeros(q_idx.numel(), dtype=dtype, device=device)
-    cache: dict[int, Tensor] = {}
-    cached = 0
-    start = 0
-    for bid, stop in zip(ids.tolist(), bounds):
-        if shard is not None and not shard.owns(bid):
-            start = stop
-            continue
-        rb, cb = divmod(bid, n_col_blocks)
-        (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
-        rows = (read_q[start:stop] - r0).to(device)
-        cols = (read_d[start:stop] - c0).to(device)
-        block = gemm(r0, r1, c0, c1)
-        pos_scores[start:stop] = block[rows, cols]
-        block_pairs[bid] = (rows, cols)
-        block_bytes = block.numel() * block.element_size()
-        if cached + block_bytes <= cache_bytes:
-            block[rows, cols] = float("-inf")
-            mask_self(block, r0, r1, c0, c1)
-            cache[bid] = block
-            cached += block_bytes
+    n_col_blocks = len(plan.col_blocks)
+    row_blocks, col_blocks = plan.row_blocks, plan.col_blocks
+    element = torch.empty((), dtype=plan.dtype).element_size()
+    out = PositiveScores(
+        plan.pos_q[order], plan.pos_d[order],
+        torch.zeros(order.numel(), dtype=plan.dtype, device=plan.device), {}, {},
+    )  # fmt: skip
+    cached, start = 0, 0
+    for bid, stop in zip(ids.tolist(), torch.cumsum(counts, 0).tolist()):
+        if shard is None or shard.owns(bid):
+            (r0, r1), (c0, c1) = row_blocks[bid // n_col_blocks], col_blocks[bid % n_col_blocks]
+            rows = (read_q[start:stop] - r0).to(plan.device)
+            cols = (read_d[start:stop] - c0).to(plan.device)
+            keep = cached + (r1 - r0) * (c1 - c0) * element <= cache_bytes
+            block = scorer.score(r0, r1, c0, c1, keep=keep)
+            out.scores[start:stop] = block[rows, cols]
+            out.block_pairs[bid] = (rows, cols)
+            if keep:
+                block[rows, cols] = float("-inf")
+                scorer.mask_self(block, r0, r1, c0)
+                out.cache[bid] = block
+                cached += block.numel() * element
         start = stop
     if shard is not None:
-        merge_sum([pos_scores], shard)
-    if not bool(torch.isfinite(pos_scores).all()):
+        merge_sum([out.scores], shard)
+    if not bool(torch.isfinite(out.scores).all()):
         raise ValueError("scores overflow to inf: embeddings too large for the scoring dtype")
+    return out
 
-    # ---- grid and counter
-    pos_query = q_idx.to(device)
+
+def _block_visits(plan: Plan) -> list[tuple[int, int]]:
+    """(row block, column block) in scoring order: symmetric plans skip blocks below the
+    diagonal; with more database items than queries the database streams once per pass."""
+    visits = [
+        (rb, cb)
+        for rb in range(len(plan.row_blocks))
+        for cb in range(len(plan.col_blocks))
+        if not (plan.symmetric and cb < rb)
+    ]
+    if plan.num_database > plan.num_queries:
+        visits.sort(key=lambda visit: (visit[1], visit[0]))
+    return visits
+
+
+def count_negatives(
+    plan: Plan,
+    scorer: BlockScorer,
+    positives: PositiveScores,
+    bootstrap_budget: int = 0,
+    extra_grid: Tensor | None = None,
+    shard: Shard | None = None,
+) -> NegativeCounts:
+    """Step 2: build the grid of positive scores and count every block's negatives on it.
+
+    Positives and self pairs are masked to ``-inf`` in each block (kept blocks come
+    masked from step 1). Counting runs on the query groups that have queries (empty
+    groups stay zero). With a ``shard`` the counts of the owned blocks are summed.
+    """
+    num_q = plan.num_queries
     _, pos_query, pos_scores, offsets, grid, pos_grid_index = prepare_positives(
-        pos_query, pos_scores, num_q
+        positives.query.to(plan.device), positives.scores, num_q
     )
     if extra_grid is not None:
         grid, pos_grid_index = merge_grid(grid, pos_grid_index, extra_grid)
-    group_sorted = (
-        torch.zeros(num_q, dtype=torch.long)
-        if query_group is None
-        else as_tensor(query_group, "query_group").long().cpu()[perm_q]
+    counts = NegativeCounts(
+        pos_query, pos_scores, pos_grid_index, grid,
+        torch.zeros(pos_query.numel(), dtype=torch.long, device=plan.device),
+        torch.zeros((plan.num_groups, 0), dtype=torch.long, device=plan.device), None, None,
+    )  # fmt: skip
+    if grid.numel() == 0:
+        return counts
+    if bootstrap_budget > 0:
+        counts.knots = bootstrap_knots(pos_grid_index, grid.numel(), num_q, bootstrap_budget)
+    # One group per used group id lets a mirrored score count twice without looking up
+    # its column's group.
+    used, compact_group = unique_sorted(plan.query_group[plan.perm_q], return_inverse=True)
+    counter = NegativeCounter(
+        grid, offsets, pos_grid_index, compact_group.to(plan.device), used.numel(), counts.knots
     )
-    knots = None
-    pos_neg_ge = torch.zeros(pos_query.numel(), dtype=torch.long, device=device)
-    grid_neg_ge = torch.zeros((num_groups, 0), dtype=torch.long, device=device)
-    boot = None
-    if grid.numel() > 0:
-        if bootstrap_budget > 0:
-            knots = bootstrap_knots(pos_grid_index, grid.numel(), num_q, bootstrap_budget)
-        # Count on the groups that have queries only (empty ones stay zero): one group
-        # lets a mirrored score count twice without looking up its column's group.
-        used, compact_group = unique_sorted(group_sorted, return_inverse=True)
-        counter = NegativeCounter(
-            grid, offsets, pos_grid_index, compact_group.to(device), used.numel(), knots
-        )
-        # ---- step 2: every block, negatives only
-        visits = [
-            (rb, cb)
-            for rb in range(len(row_blocks))
-            for cb in range(n_col_blocks)
-            if not (symmetric and cb < rb)
-        ]
-        if num_d > num_q:  # column blocks outermost: the database streams once per pass
-            visits.sort(key=lambda visit: (visit[1], visit[0]))
-        q_key = d_key = None
-        for rb, cb in visits:
-            bid = rb * n_col_blocks + cb
-            if shard is not None and not shard.owns(bid):
-                continue
-            (r0, r1), (c0, c1) = row_blocks[rb], col_blocks[cb]
-            block = cache.pop(bid, None)
-            if block is None:  # read the outer block once, the inner one per visit
-                if q_key != rb:
-                    q_blk, q_key = query_block(r0, r1), rb
-                if d_key != cb:
-                    d_blk, d_key = db_block(c0, c1), cb
-                block = gemm(r0, r1, c0, c1, q_blk, reuse=True, d_blk=d_blk)
-                if bid in block_pairs:
-                    rows, cols = block_pairs[bid]
-                    block[rows, cols] = float("-inf")
-                mask_self(block, r0, r1, c0, c1)
-            with torch_threads(heavy_threads):
-                if not symmetric or cb == rb:
-                    counter.add(block, r0)
-                    continue
-                # Positives of the column queries sit at the mirrored places
-                # (labels are symmetric), so the masked block serves both sides:
-                # the row pass counts each score globally for both queries, the
-                # transposed pass adds the column queries' own counts.
-                counter.add(block, r0, mirror_start=c0)
-                counter.add(block, c0, global_weight=0, transposed=True)
-        if shard is not None:
-            counter.merge(shard)
-        pos_neg_ge, used_neg_ge, boot = counter.finish()
-        grid_neg_ge = used_neg_ge.new_zeros((num_groups, grid.numel()))
-        grid_neg_ge[used.to(device)] = used_neg_ge
+    n_col_blocks = len(plan.col_blocks)
+    for rb, cb in _block_visits(plan):
+        bid = rb * n_col_blocks + cb
+        if shard is None or shard.owns(bid):
+            _count_block(plan, scorer, positives, counter, rb, cb)
+    if shard is not None:
+        counter.merge(shard)
+    counts.pos_neg_ge, used_neg_ge, counts.boot = counter.finish()
+    counts.grid_neg_ge = used_neg_ge.new_zeros((plan.num_groups, grid.numel()))
+    counts.grid_neg_ge[used.to(plan.device)] = used_neg_ge
+    return counts
 
-    # ---- back to the caller's query order
-    orig_query = perm_q.to(device)[pos_query]
+
+def _count_block(
+    plan: Plan,
+    scorer: BlockScorer,
+    positives: PositiveScores,
+    counter: NegativeCounter,
+    rb: int,
+    cb: int,
+) -> None:
+    """Count the negatives of block (rb, cb) (and of its mirror, for a symmetric plan)."""
+    bid = rb * len(plan.col_blocks) + cb
+    (r0, r1), (c0, c1) = plan.row_blocks[rb], plan.col_blocks[cb]
+    block = positives.cache.pop(bid, None)
+    if block is None:
+        block = scorer.score(r0, r1, c0, c1)
+        if bid in positives.block_pairs:
+            rows, cols = positives.block_pairs[bid]
+            block[rows, cols] = float("-inf")
+        scorer.mask_self(block, r0, r1, c0)
+    with torch_threads(scorer.heavy_threads):
+        if not plan.symmetric or cb == rb:
+            counter.add(block, r0)
+            return
+        # Positives of the column queries sit at the mirrored places (labels are
+        # symmetric), so the masked block serves both sides: the row pass counts each
+        # score globally for both queries, the transposed pass adds the column
+        # queries' own counts.
+        counter.add(block, r0, mirror_start=c0)
+        counter.add(block, c0, global_weight=0, transposed=True)
+
+
+def state_in_query_order(plan: Plan, counts: NegativeCounts) -> RetrievalState:
+    """Step 3: the ``RetrievalState`` with queries back in the caller's order."""
+    device = plan.device
+    perm_q = plan.perm_q.to(device)
+    orig_query = perm_q[counts.pos_query]
     back = argsort_stable(orig_query.cpu()).to(device)
-    num_pos = torch.bincount(orig_query, minlength=num_q)
-    num_negatives = num_d - num_pos - (0 if self_index is None else 1)
+    num_pos = torch.bincount(orig_query, minlength=plan.num_queries)
+    num_negatives = plan.num_database - num_pos - (0 if plan.self_col is None else 1)
+    boot = counts.boot
     if boot is not None:
-        unsorted = torch.empty_like(boot)
-        unsorted[perm_q.to(device)] = boot
-        boot = unsorted
-    group = torch.zeros(num_q, dtype=torch.long) if query_group is None else group_sorted.clone()
-    if query_group is not None:
-        group[perm_q] = group_sorted
+        boot = torch.empty_like(counts.boot)
+        boot[perm_q] = counts.boot
     return RetrievalState(
-        num_q, pos_scores[back], orig_query[back], pos_neg_ge[back], grid,
-        pos_grid_index[back], grid_neg_ge, group.to(device), num_negatives, knots, boot,
+        plan.num_queries, counts.pos_scores[back], orig_query[back], counts.pos_neg_ge[back],
+        counts.grid, counts.pos_grid_index[back], counts.grid_neg_ge,
+        plan.query_group.to(device), num_negatives, counts.knots, boot,
     )  # fmt: skip

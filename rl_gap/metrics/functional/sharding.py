@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
-import torch
 from torch import Tensor
+
+from rl_gap import dist
 
 __all__ = ["Shard", "process_group_shard"]
 
@@ -61,28 +63,16 @@ def process_group_shard(group=None) -> Shard | None:
     (None without one, or on a single process). Tensors summed through it must
     suit the backend (CPU for gloo, CUDA for NCCL): the engine's live on the
     scoring device."""
-    import torch.distributed as dist
+    import torch.distributed as torch_dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not dist.is_distributed():
         return None
-    world = dist.get_world_size(group)
+    world = torch_dist.get_world_size(group)
     if world == 1:
         return None
-
-    def all_reduce(tensor: Tensor) -> None:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-
-    return Shard(dist.get_rank(group), world, all_reduce)
+    return Shard(torch_dist.get_rank(group), world, partial(dist.all_reduce, op="sum", group=group))
 
 
 def merge_sum(tensors: list[Tensor], shard: Shard) -> None:
     """Sum same-dtype tensors over the processes in one collective (in place)."""
-    tensors = [t for t in tensors if t.numel()]
-    if not tensors:
-        return
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    shard.all_reduce(flat)
-    start = 0
-    for t in tensors:
-        t.copy_(flat[start : start + t.numel()].view_as(t))
-        start += t.numel()
+    dist.all_reduce_flat(tensors, shard.all_reduce)

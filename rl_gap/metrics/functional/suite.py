@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
 
@@ -23,10 +25,10 @@ from rl_gap.metrics.functional.engine import (
     state_from_embeddings,
 )
 from rl_gap.metrics.functional.engine_inputs import check_labels
-from rl_gap.metrics.functional.protocol import (
-    protocol_halves,
-    protocol_states,
-    threshold_protocol_from_states,
+from rl_gap.metrics.functional.protocol import threshold_protocol_from_states
+from rl_gap.metrics.functional.protocol_problems import (
+    embedding_protocol_states,
+    score_protocol_states,
 )
 from rl_gap.metrics.functional.score_norm import ScoreNorm, background_offsets
 from rl_gap.metrics.functional.sharding import Shard
@@ -41,6 +43,8 @@ __all__ = [
     "score_protocol_states",
     "check_suite_arguments",
 ]
+
+log = logging.getLogger(__name__)
 
 # Query groups: bit 0 = distractor query (no positive).
 _DISTRACTOR = 1
@@ -63,14 +67,7 @@ def check_suite_arguments(
     )
 
 
-def metrics_from_state(*args, **kwargs) -> dict[str, float]:
-    """Every metric from one state (``_metrics_from_state``), on one CPU thread
-    (small ops; see ``torch_threads``)."""
-    with torch_threads(1):
-        return _metrics_from_state(*args, **kwargs)
-
-
-def _metrics_from_state(
+def metrics_from_state(
     state: RetrievalState,
     ks: tuple[int, ...] = (1, 5, 10),
     precisions: tuple[float, ...] = (0.9,),
@@ -94,6 +91,13 @@ def _metrics_from_state(
     ``recall_state``: R@k from this problem instead (iNaturalist: gAP/mAP on 4 queries
     per class, R@k over every test image). Groups follow ``query_groups``.
     """
+    with torch_threads(1):  # small ops: one CPU thread (see ``torch_threads``)
+        return _metrics(
+            state, ks, precisions, map_at, ceiling, protocol, bootstrap, seed, recall_state
+        )
+
+
+def _metrics(state, ks, precisions, map_at, ceiling, protocol, bootstrap, seed, recall_state):
     ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
     if isinstance(protocol, bool):
         raise ValueError(
@@ -141,70 +145,6 @@ def _metrics_from_state(
     return out
 
 
-def embedding_protocol_states(
-    queries: Tensor,
-    database: Tensor | None,
-    query_labels: Tensor,
-    database_labels: Tensor,
-    *,
-    exclude_self: bool = False,
-    query_index: Tensor | None = None,
-    precisions: tuple[float, ...] = (0.9,),
-    seed: int = 0,
-    query_offsets: Tensor | None = None,
-    **engine_kwargs,
-) -> tuple[RetrievalState, RetrievalState]:
-    """The threshold protocol's (fit, eval) problems from embeddings (``protocol.py``):
-    each half's queries against that half's database items only.
-
-    Args:
-        queries / database: (Q, dim) / (D, dim) embeddings (database None = queries).
-        query_labels / database_labels: (Q,) / (D,) integer labels.
-        exclude_self / query_index: self pairs, as in ``state_from_embeddings``.
-        query_offsets: optional (Q,) score shifts (query-side normalisation).
-        engine_kwargs: ``block_size``, ``device``, ``cache_bytes``, ``shard`` of the engine.
-    """
-    queries = as_tensor(queries, "queries")
-    database = queries if database is None else as_tensor(database, "database")
-    query_labels = check_labels(
-        as_tensor(query_labels, "query_labels").cpu(), len(queries), "query_labels"
-    )
-    database_labels = check_labels(
-        as_tensor(database_labels, "database_labels").cpu(), len(database), "database_labels"
-    )
-    self_index = check_query_index(query_index, len(queries), len(database), exclude_self)
-    q_half, d_half = protocol_halves(query_labels, database_labels, seed)
-
-    def build(half: int, extra: Tensor | None) -> RetrievalState:
-        q_rows = torch.nonzero(q_half == half).flatten()
-        d_rows = torch.nonzero(d_half == half).flatten()
-        if d_rows.numel() == 0:
-            raise ValueError(
-                f"threshold protocol: the {('fit', 'eval')[half]} half of the classes has no "
-                "database item"
-            )
-        # Each half reads its rows block by block (query_rows / database_rows): no copy.
-        q_lab = query_labels[q_rows]
-        shift = None if query_offsets is None else query_offsets[q_rows]
-        if exclude_self:
-            return state_from_embeddings(
-                queries, queries, q_lab, q_lab, exclude_self=True, extra_grid=extra,
-                query_rows=q_rows, database_rows=q_rows, query_offsets=shift, **engine_kwargs,
-            )  # fmt: skip
-        index = None
-        if self_index is not None:
-            position = torch.full((len(database),), -1, dtype=torch.long)
-            position[d_rows] = torch.arange(d_rows.numel())
-            index = position[self_index[q_rows]]  # a query's row has its label: same half
-        return state_from_embeddings(
-            queries, database, q_lab, database_labels[d_rows], query_index=index,
-            extra_grid=extra, query_rows=q_rows, database_rows=d_rows, query_offsets=shift,
-            **engine_kwargs,
-        )  # fmt: skip
-
-    return protocol_states(build, precisions)
-
-
 def _positives_per_query(q_labels: Tensor, d_labels: Tensor, exclude_self: bool) -> Tensor:
     sorted_db = torch.sort(d_labels).values
     count = torch.searchsorted(sorted_db, q_labels, right=True) - torch.searchsorted(
@@ -237,7 +177,10 @@ def evaluate_embeddings(
     background=None,
     score_norm: ScoreNorm | None = None,
     shard: Shard | None = None,
-) -> dict[str, float]:
+    recall_over_database: bool = False,
+    protocol_failure: str = "raise",
+    return_state: bool = False,
+):
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
     Scores are dot products (L2-normalise beforehand for cosine); relevance is
@@ -257,7 +200,13 @@ def evaluate_embeddings(
     ``shard`` (``sharding.py``): processes holding the same inputs split the
     engine's blocks and sum its exact counts; every process gets the one-process
     values. See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
-    the engine. Returns Python floats.
+    the engine. Returns Python floats (with ``return_state``: ``(metrics, state)``).
+
+    ``recall_over_database``: R@k with *every* database item as a leave-one-out query
+    (prior work's R@k on iNaturalist, over all test images), whatever the queries
+    (labels only, no ``background``). ``protocol_failure="nan"``: a threshold protocol
+    that cannot be built (e.g. one class) logs a warning and reports ``protocol_*`` as
+    NaN, the other metrics still stand ("raise": the ValueError propagates).
 
     Example:
         Four items, two classes, each item a query against the other three
@@ -276,6 +225,12 @@ def evaluate_embeddings(
         {'gap': 0.6667, 'map': 0.75, 'r@1': 0.5, 'num_positive_pairs': 4.0}
     """
     ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
+    if protocol_failure not in ("raise", "nan"):
+        raise ValueError(f'protocol_failure must be "raise" or "nan", got {protocol_failure!r}')
+    if recall_over_database and (relevant_pairs is not None or relevance_fn is not None):
+        raise ValueError("recall_over_database needs class labels, not relevant_pairs")
+    if recall_over_database and background is not None:
+        raise ValueError("recall_over_database ranks raw scores: give no background")
     queries_t = as_tensor(queries, "queries")
     check_embeddings(queries_t, "query embeddings")
     if database is not None:
@@ -285,54 +240,23 @@ def evaluate_embeddings(
     num_q = queries_t.shape[0]
     num_d = num_q if database is None else database.shape[0]
     self_index = check_query_index(query_index, num_q, num_d, exclude_self)
+    if score_norm is not None and background is None:
+        raise ValueError("score_norm needs background embeddings (background=)")
     offsets = None
     if background is not None:  # query-side score normalisation (score_norm.py)
-        # The engine subtracts each query's offset from its score blocks, so the
-        # database is still read block-wise (no augmented copy).
-        offsets = background_offsets(
-            queries_t,
-            as_tensor(background, "background"),
-            score_norm or ScoreNorm(),
-            block_size=block_size if isinstance(block_size, int) else block_size[1],
-            device=device,
-        )
+        offsets = _background_offsets(queries_t, background, score_norm, block_size, device)
         if exclude_self:  # shifted scores are not symmetric: self pairs by index
             query_index, exclude_self = self_index, False
             database = queries_t if database is None else database
-    elif score_norm is not None:
-        raise ValueError("score_norm needs background embeddings (background=)")
     if relevance_fn is not None:
         if relevant_pairs is not None:
             raise ValueError("give relevant_pairs or relevance_fn, not both")
         relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
-    if relevant_pairs is not None:
-        if protocol:
-            raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
-        q_idx = as_tensor(relevant_pairs[0], "relevant_pairs").long().cpu()
-        d_idx = as_tensor(relevant_pairs[1], "relevant_pairs").long().cpu()
-        if q_idx.numel() and (int(q_idx.min()) < 0 or int(q_idx.max()) >= num_q):
-            raise ValueError("relevant_pairs index out of range")
-        if self_index is not None and q_idx.numel():
-            q_idx = q_idx[d_idx != self_index[q_idx]]
-        has_positive = torch.bincount(q_idx, minlength=num_q)[:num_q] > 0
-    else:
-        if query_labels is None:
-            raise ValueError("query_labels are required (or relevant_pairs)")
-        q_lab = as_tensor(query_labels, "query_labels").cpu()
-        d_lab = (
-            q_lab
-            if database_labels is None
-            else as_tensor(database_labels, "database_labels").cpu()
-        )
-        if q_lab.ndim != 1 or q_lab.shape[0] != num_q:
-            raise ValueError(
-                f"query_labels has shape {tuple(q_lab.shape)}, expected ({num_q},) (one per query)"
-            )
-        if d_lab.ndim != 1:
-            raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
-        q_lab = check_labels(q_lab, num_q, "query_labels")
-        d_lab = check_labels(d_lab, num_d, "database_labels")
-        has_positive = _positives_per_query(q_lab, d_lab, self_index is not None) > 0
+    if relevant_pairs is not None and protocol:
+        raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
+    has_positive, q_lab, d_lab = _relevance(
+        relevant_pairs, query_labels, database_labels, num_q, num_d, self_index
+    )
     group, num_groups = query_groups(has_positive)
     engine = {
         "block_size": block_size, "device": device, "cache_bytes": cache_bytes, "shard": shard,
@@ -343,14 +267,92 @@ def evaluate_embeddings(
         num_groups=num_groups, bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0,
         validated=True, query_offsets=offsets, **engine,
     )  # fmt: skip
+    recall_state = None
+    if recall_over_database and ks:
+        recall_state = _leave_one_out_state(
+            queries_t if database is None else database, d_lab, engine
+        )
     halves = None
     if protocol:
-        halves = embedding_protocol_states(
-            queries_t, database, q_lab, d_lab, exclude_self=exclude_self,
+        halves = _protocol_or_none(
+            protocol_failure, queries_t, database, q_lab, d_lab, exclude_self=exclude_self,
             query_index=query_index, precisions=precisions, seed=seed, query_offsets=offsets,
             **engine,
         )  # fmt: skip
-    return metrics_from_state(state, ks, precisions, map_at, ceiling, halves, bootstrap, seed)
+    metrics = metrics_from_state(
+        state, ks, precisions, map_at, ceiling, halves, bootstrap, seed, recall_state
+    )
+    if protocol and halves is None:
+        metrics.update(_missing_protocol(precisions))
+    return (metrics, state) if return_state else metrics
+
+
+def _background_offsets(queries: Tensor, background, score_norm, block_size, device) -> Tensor:
+    """Per-query score offsets against ``background`` (``score_norm.py``). The engine
+    subtracts them from its score blocks, so the database is still read block-wise."""
+    return background_offsets(
+        queries,
+        as_tensor(background, "background"),
+        score_norm or ScoreNorm(),
+        block_size=block_size if isinstance(block_size, int) else block_size[1],
+        device=device,
+    )
+
+
+def _relevance(relevant_pairs, query_labels, database_labels, num_q: int, num_d: int, self_index):
+    """``(has_positive (Q,), query labels, database labels)``; labels are None with
+    explicit ``relevant_pairs``."""
+    if relevant_pairs is not None:
+        q_idx = as_tensor(relevant_pairs[0], "relevant_pairs").long().cpu()
+        d_idx = as_tensor(relevant_pairs[1], "relevant_pairs").long().cpu()
+        if q_idx.numel() and (int(q_idx.min()) < 0 or int(q_idx.max()) >= num_q):
+            raise ValueError("relevant_pairs index out of range")
+        if self_index is not None and q_idx.numel():
+            q_idx = q_idx[d_idx != self_index[q_idx]]
+        return torch.bincount(q_idx, minlength=num_q)[:num_q] > 0, None, None
+    if query_labels is None:
+        raise ValueError("query_labels are required (or relevant_pairs)")
+    q_lab = as_tensor(query_labels, "query_labels").cpu()
+    d_lab = (
+        q_lab if database_labels is None else as_tensor(database_labels, "database_labels").cpu()
+    )
+    if q_lab.ndim != 1 or q_lab.shape[0] != num_q:
+        raise ValueError(
+            f"query_labels has shape {tuple(q_lab.shape)}, expected ({num_q},) (one per query)"
+        )
+    if d_lab.ndim != 1:
+        raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
+    q_lab = check_labels(q_lab, num_q, "query_labels")
+    d_lab = check_labels(d_lab, num_d, "database_labels")
+    return _positives_per_query(q_lab, d_lab, self_index is not None) > 0, q_lab, d_lab
+
+
+def _leave_one_out_state(items: Tensor, labels: Tensor, engine: dict) -> RetrievalState:
+    """Every item a query against all others (R@k over the whole database)."""
+    group, num_groups = query_groups(_positives_per_query(labels, labels, True) > 0)
+    return state_from_embeddings(
+        items, items, labels, labels, exclude_self=True, query_group=group,
+        num_groups=num_groups, validated=True, **engine,
+    )  # fmt: skip
+
+
+def _protocol_or_none(failure: str, *args, **kwargs):
+    """``embedding_protocol_states``; with ``failure="nan"`` a protocol that cannot be
+    built (e.g. one class) logs a warning and gives None."""
+    try:
+        return embedding_protocol_states(*args, **kwargs)
+    except ValueError as error:
+        if failure == "raise":
+            raise
+        log.warning("threshold protocol not computed (protocol_* = NaN): %s", error)
+        return None
+
+
+def _missing_protocol(precisions: tuple[float, ...]) -> dict[str, float]:
+    """NaN for every ``protocol_*`` key (a protocol that could not be built)."""
+    keys = ["f1g", "f1q", "threshold_f1"]
+    keys += [f"{k}{precision_tag(p)}" for p in precisions for k in ("r@p", "threshold_p")]
+    return {f"protocol_{k}": float("nan") for k in keys}
 
 
 def evaluate_scores(
@@ -389,47 +391,3 @@ def evaluate_scores(
             scores, rel, valid, query_labels, database_labels, precisions, seed
         )
     return metrics_from_state(state, ks, precisions, map_at, ceiling, halves, bootstrap, seed)
-
-
-def score_protocol_states(
-    scores: Tensor,
-    rel: Tensor,
-    valid: Tensor | None,
-    query_labels: Tensor | None,
-    database_labels: Tensor | None,
-    precisions: tuple[float, ...] = (0.9,),
-    seed: int = 0,
-) -> tuple[RetrievalState, RetrievalState]:
-    """The threshold protocol's (fit, eval) problems of a materialised matrix: rows and
-    columns of each half of the classes (``protocol_halves``)."""
-    if query_labels is None or database_labels is None:
-        raise ValueError(
-            "the threshold protocol needs query_labels (Q,) and database_labels (D,): the "
-            "class of every row and column, to split both into halves"
-        )
-    if scores.ndim != 2:
-        raise ValueError(f"scores must be (Q, D), got shape {tuple(scores.shape)}")
-    q_lab = check_labels(
-        as_tensor(query_labels, "query_labels").cpu(), scores.shape[0], "query_labels"
-    )
-    d_lab = check_labels(
-        as_tensor(database_labels, "database_labels").cpu(), scores.shape[1], "database_labels"
-    )
-    q_half, d_half = protocol_halves(q_lab, d_lab, seed)
-    device = scores.device
-
-    def build(half: int, extra: Tensor | None) -> RetrievalState:
-        rows = torch.nonzero(q_half == half).flatten().to(device)
-        cols = torch.nonzero(d_half == half).flatten().to(device)
-        if cols.numel() == 0:
-            raise ValueError(
-                f"threshold protocol: the {('fit', 'eval')[half]} half of the classes has no "
-                "database column"
-            )
-
-        def sub(matrix: Tensor | None) -> Tensor | None:
-            return None if matrix is None else matrix[rows][:, cols]
-
-        return state_from_scores(sub(scores), sub(rel), sub(valid), extra_grid=extra)
-
-    return protocol_states(build, precisions)

@@ -212,7 +212,7 @@ int64_t rl_gap_fast_drop_mark_f64(const double* scores, const uint8_t* positive,
 }
 
 // Fine-expansion orders the library is instantiated for (the plan's FINE_ORDERS).
-int rl_gap_fast_rank_supports(int order) { return order >= 3 && order <= 7; }
+int rl_gap_sap_passes_supports(int order) { return order >= 3 && order <= 7; }
 
 // Indices i (ascending) with positive[i] && valid[i] (valid may be null), at most
 // `capacity` written; returns the total count. Scans 8 mask bytes per step:
