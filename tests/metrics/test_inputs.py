@@ -141,7 +141,7 @@ def test_empty_query_set_is_a_clear_error():
 
 @pytest.mark.parametrize(
     "option, value",
-    [("--n-boot", "0"), ("--nested-boot", "-1"), ("--block-size", "0"), ("--gallery-size", "0")],
+    [("--n-boot", "-1"), ("--nested-boot", "-1"), ("--block-size", "0"), ("--gallery-size", "0")],
 )
 def test_extrapolate_options_checked_before_any_file_is_read(option, value):
     from rl_gap.cli import main
