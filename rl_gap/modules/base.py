@@ -58,15 +58,14 @@ def check_shard_loss(value: str | bool) -> str:
 
 def enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
     """timm's ``set_grad_checkpointing(True)``; a clear error for a model without it."""
+    unsupported = f"grad_checkpointing: backbone {name!r} does not support gradient checkpointing"
     setter = getattr(model, "set_grad_checkpointing", None)
+    if not callable(setter):
+        raise ValueError(unsupported)
     try:
-        if not callable(setter):
-            raise NotImplementedError
         setter(True)
-    except (AssertionError, NotImplementedError) as err:
-        raise ValueError(
-            f"grad_checkpointing: backbone {name!r} does not support gradient checkpointing"
-        ) from err
+    except (AssertionError, NotImplementedError) as err:  # timm models that declare no support
+        raise ValueError(unsupported) from err
 
 
 def compile_in_place(modules: Iterable[torch.nn.Module | None]) -> None:

@@ -21,6 +21,7 @@ from rl_gap.modules.clip_finetune import CLIPFineTuneModule
 from rl_gap.modules.metric_learning import MetricLearningModule
 from rl_gap.modules.moco_v3 import MoCoV3Module
 from rl_gap.precision import widen
+from tests.modules.ddp_steps import grads  # noqa: F401  (re-exported for the micro-batch tests)
 
 N = 8
 TINY_VIT = dict(img_size=8, patch_size=4, depth=1, embed_dim=16, num_heads=2)
@@ -121,10 +122,6 @@ def _encode(module: nn.Module, kind: str, batch, rows: slice) -> tuple[torch.Ten
     with torch.no_grad():
         k1, k2 = module.momentum_encoder(x1), module.momentum_encoder(x2)
     return q1, q2, k1, k2
-
-
-def grads(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
 def max_rel_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:

@@ -10,16 +10,13 @@ full-batch reference of one process holding all 8 samples (float64, 1e-10).
 
 from __future__ import annotations
 
-import os
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as torch_dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from tests.modules.ddp_steps import ddp_step_results
 from tests.modules.micro_batch_cases import (
     N,
     grads,
@@ -45,44 +42,22 @@ MORE_CASES = [
 ]
 
 
-class StepWrapper(nn.Module):
-    """What Lightning's DDP wrapper does: the DDP forward is the training step."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, batch):
-        return self.module.training_step(batch, 0)
+def _micro_batched_module(case: tuple[str, str, bool]) -> nn.Module:
+    kind, loss, shard = case
+    module = make_module(kind, loss, shard_loss=shard, micro_batch_size=MICRO)
+    assert module.shards_loss() == shard
+    return module
 
 
-def _worker(rank: int, init_file: str, out_dir: str, cases: list) -> None:
-    torch_dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
-    )
-    warnings.filterwarnings("ignore")
-    try:
-        rows = slice(sum(SPLIT[:rank]), sum(SPLIT[: rank + 1]))
-        results = {}
-        for kind, loss, shard in cases:
-            module = make_module(kind, loss, shard_loss=shard, micro_batch_size=MICRO)
-            assert module.shards_loss() == shard
-            model = nn.parallel.DistributedDataParallel(StepWrapper(module))
-            value = model(make_batch(kind, rows))
-            value.backward()
-            results[(kind, loss, shard)] = (value.detach(), grads(module))
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        torch_dist.barrier()
-    finally:
-        torch_dist.destroy_process_group()
+def _rows(case: tuple[str, str, bool], rows: slice):
+    return make_batch(case[0], rows)
 
 
 def run_cases(tmp_path: Path, cases: list) -> dict:
     """``{case: max relative gradient difference over ranks and parameters}``, asserted ≤ 1e-10."""
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), cases), nprocs=2, join=True)
-    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    per_rank = ddp_step_results(tmp_path, _micro_batched_module, _rows, cases, SPLIT)
     worst = {}
-    for case in cases:
+    for i, case in enumerate(cases):
         kind, loss, _ = case
         reference = make_module(kind, loss)
         want_loss = reference_loss(reference, kind, make_batch(kind, slice(0, N)), None)
@@ -90,7 +65,7 @@ def run_cases(tmp_path: Path, cases: list) -> dict:
         want = grads(reference)
         assert len(want) > 5
         worst[case] = 0.0
-        for got_loss, got in (r[case] for r in per_rank):
+        for got_loss, got in (r[i] for r in per_rank):
             torch.testing.assert_close(got_loss, want_loss.detach(), rtol=1e-12, atol=1e-14)
             worst[case] = max(worst[case], max_rel_diff(got, want))
         assert worst[case] <= 1e-10, (case, worst[case])

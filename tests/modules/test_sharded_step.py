@@ -13,14 +13,11 @@ BatchNorm statistics would differ by design).
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as torch_dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from rl_gap.losses import available_losses, build_loss
@@ -29,6 +26,7 @@ from rl_gap.models.clip import tiny_clip_config
 from rl_gap.modules.clip_finetune import CLIPFineTuneModule
 from rl_gap.modules.metric_learning import MetricLearningModule
 from rl_gap.modules.moco_v3 import MoCoV3Module
+from tests.modules.ddp_steps import ddp_step_results, grads
 
 SPLIT = [3, 5]
 TINY_VIT = dict(img_size=8, patch_size=4, in_chans=1, depth=1, embed_dim=16, num_heads=2)
@@ -103,49 +101,20 @@ def make_batch(kind: str, rows: slice):
     return {"views": [views[0, rows], views[1, rows]]}
 
 
-class StepWrapper(nn.Module):
-    """What Lightning's DDP wrapper does: the DDP forward is the training step."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, batch):
-        return self.module.training_step(batch, 0)
+def _sharded_module(case: tuple[str, str, dict]) -> nn.Module:
+    module = make_module(*case)
+    assert module.shards_loss()
+    return module
 
 
-def grads(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
-
-
-def _worker(rank: int, init_file: str, out_dir: str, cases: list) -> None:
-    torch_dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
-    )
-    warnings.filterwarnings("ignore")
-    try:
-        rows = slice(sum(SPLIT[:rank]), sum(SPLIT[: rank + 1]))
-        results = {}
-        for kind, name, kwargs in cases:
-            module = make_module(kind, name, kwargs)
-            assert module.shards_loss()
-            model = nn.parallel.DistributedDataParallel(
-                StepWrapper(module), find_unused_parameters=True
-            )
-            loss = model(make_batch(kind, rows))
-            loss.backward()
-            results[(kind, name, str(kwargs))] = (loss.detach(), grads(module))
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        torch_dist.barrier()
-    finally:
-        torch_dist.destroy_process_group()
+def _rows(case: tuple[str, str, dict], rows: slice):
+    return make_batch(case[0], rows)
 
 
 def _check(tmp_path: Path, cases: list) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), cases), nprocs=2, join=True)
-    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    per_rank = ddp_step_results(tmp_path, _sharded_module, _rows, cases, SPLIT, find_unused=True)
     warnings.filterwarnings("ignore")
-    for kind, name, kwargs in cases:
+    for i, (kind, name, kwargs) in enumerate(cases):
         reference = make_module(kind, name, kwargs)
         reference.micro_batch_size = None  # the reference is the one-pass step
         assert not reference.shards_loss()  # one process: the plain loss on the whole matrix
@@ -154,7 +123,7 @@ def _check(tmp_path: Path, cases: list) -> None:
         expected = grads(reference)
         assert len(expected) > 5, (kind, name)
         for r in per_rank:
-            loss, got = r[(kind, name, str(kwargs))]
+            loss, got = r[i]
             torch.testing.assert_close(loss, ref_loss.detach(), rtol=0, atol=1e-10)
             assert set(got) == set(expected), (kind, name)
             for pname, want in expected.items():
