@@ -4,7 +4,7 @@ Importing this package registers every loss (``gsap``, ``msap``, ``infonce``,
 ``siglip``, and the other AP surrogates ``softbin``/``gsoftbin``,
 ``blackbox``/``gblackbox``, ``supap``/``gsupap``, and ROADMAP = SupAP + calibration,
 ``roadmap``/``groadmap``); a new loss module only needs
-``@register_loss`` and an import here. docs/losses.md describes them all.
+``@register_loss`` and an import here (docs/losses.md, "Add a loss").
 """
 
 from rl_gap.losses import (  # noqa: F401  (registration)
@@ -24,15 +24,11 @@ from rl_gap.losses.registry import (
     available_losses,
     build_loss,
     get_loss_class,
-    install_sharded_forward,
     loss_from_config,
     register_loss,
 )
-from rl_gap.losses.sharding import sharded_forward
 from rl_gap.losses.siglip import SigLIPLoss
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact, smoothed_ap_rows
-
-install_sharded_forward(sharded_forward)
 
 __all__ = [
     "GlobalSmoothAPLoss",
