@@ -16,7 +16,6 @@ For each name in ``available_losses()``, with its default settings:
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
