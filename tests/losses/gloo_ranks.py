@@ -33,9 +33,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, fn: Callable, a
 def on_ranks(tmp_path: Path, world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
     """``[fn(rank, world, *args) for rank in range(world)]``, each run on its own gloo rank."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    mp.spawn(
-        _worker, args=(world, str(tmp_path / "init"), str(tmp_path), fn, args), nprocs=world
-    )
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path), fn, args), nprocs=world)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -273,5 +273,3 @@ def test_torch_passes_match_brute_force(monkeypatch, tau):
     value = smoothed_ap_fast(s, positive, tau, valid=valid)
     value.backward()
     assert_within_contract(value, s.grad[valid], ref, 1e-8, torch.float32)
-
-
