@@ -19,10 +19,10 @@ from torch import nn
 
 from rl_gap import dist as shard_comm
 from rl_gap.losses import available_losses, build_loss, loss_from_config, register_loss, registry
-from rl_gap.losses.common import check_batch, full_precision
+from rl_gap.losses.common import check_batch, full_precision, zero_loss
 from rl_gap.losses.sharding import supports_sharding
 from rl_gap.losses.sharding.call import sharded_forward
-from rl_gap.losses.sharding.rows import mean_over_ranks
+from rl_gap.losses.sharding.rows import mean_over_ranks, no_positive
 
 from .gloo_ranks import on_ranks, row_block
 
@@ -55,12 +55,16 @@ class PairHingeLoss(nn.Module):
         if sharded:
             return sharded_forward(self, sim, rel, valid)
         sim, rel, valid = check_batch(sim, rel, valid)
-        return self._hinge_sum(sim, rel, valid) / max(int(torch.count_nonzero(valid)), 1)
+        if not bool((rel & valid).any()):
+            return zero_loss(sim, self, "batch has no valid positive pair")
+        return self._hinge_sum(sim, rel, valid) / int(torch.count_nonzero(valid))
 
     def forward_sharded(self, sim_rows, rel_rows, valid_rows):
         """Each pair is its own term: this rank's sum over the global number of valid pairs."""
+        if no_positive(rel_rows, valid_rows):
+            return zero_loss(sim_rows, self, "batch has no valid positive pair")
         count = shard_comm.global_count(int(torch.count_nonzero(valid_rows)), sim_rows.device)
-        return mean_over_ranks(self._hinge_sum(sim_rows, rel_rows, valid_rows), max(count, 1))
+        return mean_over_ranks(self._hinge_sum(sim_rows, rel_rows, valid_rows), count)
 
 
 # --- end of the loss's file --------------------------------------------------------
@@ -100,6 +104,8 @@ def test_registry_builds_the_new_loss(toy_loss):
     sim, rel, valid = batch()
     expected = reference(sim, rel, valid, 0.3)
     torch.testing.assert_close(loss_fn(sim, rel, valid).item(), expected, rtol=0, atol=1e-12)
+    with pytest.warns(UserWarning, match="no valid positive"):
+        assert float(loss_fn(sim, torch.zeros_like(rel), valid)) == 0.0
     with pytest.raises(ValueError, match="margin must be finite"):
         build_loss(toy_loss, margin=math.inf)
 
