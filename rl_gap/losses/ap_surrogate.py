@@ -31,8 +31,11 @@ from rl_gap.losses.common import (
     check_neg_drop,
     compute_dtype,
     drop_lowest_negatives,
+    full_precision,
     zero_loss,
 )
+from rl_gap.losses.sharding.call import agree, sharded_forward, symmetric_not_sharded
+from rl_gap.losses.sharding.rows import kept_flat, no_positive, row_mean
 
 
 def check_chunk_size(chunk_size: int | None) -> int | None:
@@ -115,6 +118,19 @@ class APSurrogateLoss(nn.Module, abc.ABC):
     def check_scores(self, sim: torch.Tensor, valid: torch.Tensor) -> None:
         """Hook for a family's own input checks (e.g. a fixed similarity range)."""
 
+    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        """Surrogate AP of the one list concatenated over ranks (a global family's kernel).
+
+        Args:
+            scores: (n,) this rank's kept flat scores; positive: (n,) bool.
+
+        Returns:
+            0-d AP of the global list, the same on every rank; backward gives
+            this rank's items' gradient. A family that defines it can run its
+            global loss sharded (:meth:`sharding_unsupported`).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no sharded global ranking")
+
     def _mean_row_ap(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
@@ -123,9 +139,17 @@ class APSurrogateLoss(nn.Module, abc.ABC):
         scores, rel, valid = sim[has_pos], rel[has_pos], valid[has_pos]
         return self.list_ap(scores, rel & valid, valid).mean()
 
+    @full_precision
     def forward(
-        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+        self,
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        sharded: bool = False,
     ) -> torch.Tensor:
+        if sharded:
+            return sharded_forward(self, sim, rel, valid)
         sim, rel, valid = check_batch(sim, rel, valid)
         if not bool((rel & valid).any()):
             return zero_loss(sim, self, "batch has no valid positive pair")
@@ -145,3 +169,29 @@ class APSurrogateLoss(nn.Module, abc.ABC):
             if self.symmetric:
                 ap = 0.5 * (ap + self._mean_row_ap(sim.T, rel.T, valid.T))
         return 1.0 - ap
+
+    def sharding_unsupported(self) -> str | None:
+        """Why these settings cannot be sharded (None: they can)."""
+        if self.symmetric:
+            return symmetric_not_sharded(self)
+        if self.global_ranking and type(self).sharded_list_ap is APSurrogateLoss.sharded_list_ap:
+            return f"{type(self).__name__} has no sharded global ranking"
+        return None
+
+    def forward_sharded(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Per query: row partial sums; global: the family's :meth:`sharded_list_ap`."""
+        if no_positive(rel, valid):
+            return zero_loss(sim, self, "batch has no valid positive pair")
+        sim = sim.to(compute_dtype(sim.dtype))
+        agree(lambda: self.check_scores(sim, valid), sim.device)
+        if self.global_ranking:
+            scores, positive = kept_flat(sim, rel, valid, self.neg_drop)
+            return 1.0 - self.sharded_list_ap(scores, positive)
+
+        def per_rows(s, r, v, has_pos):
+            s, r, v = s[has_pos], r[has_pos], v[has_pos]
+            return self.list_ap(s, r & v, v)
+
+        return 1.0 - row_mean(sim, rel, valid, per_rows, self.neg_drop)

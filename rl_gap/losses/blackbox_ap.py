@@ -150,6 +150,13 @@ class BlackBoxAPLoss(APSurrogateLoss):
     ) -> torch.Tensor:
         return blackbox_ap(scores, positive, valid, self.lambda_val, self.margin)
 
+    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        """The global BlackBox AP over ranks: positives all-gathered, counts all-reduced (O(P))."""
+        # Imported here: the sharded kernels reuse this module's pieces.
+        from rl_gap.losses.sharding import global_surrogates
+
+        return global_surrogates.sharded_blackbox_ap(scores, positive, self.lambda_val, self.margin)
+
 
 @register_loss("gblackbox")
 class GlobalBlackBoxAPLoss(BlackBoxAPLoss):

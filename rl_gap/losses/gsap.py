@@ -14,17 +14,22 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rl_gap import dist as shard_comm
 from rl_gap.losses.common import (
     check_batch,
     check_neg_drop,
     check_temperature,
     compute_dtype,
     drop_lowest_negatives,
+    full_precision,
     num_dropped,
     zero_loss,
 )
 from rl_gap.losses.fast_sap import kernel as fast_sap_kernel
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding import gsap as sharded_gsap
+from rl_gap.losses.sharding.call import sharded_forward
+from rl_gap.losses.sharding.rows import kept_flat
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
 IMPLS = ("auto", "exact", "fast")
@@ -81,7 +86,8 @@ class GlobalSmoothAPLoss(nn.Module):
             near-equal sums, and 1e-7 left it 2.5e-3 off (1e-8: 5e-5, at the same cost).
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss (float32 for
-    half-precision inputs, else ``sim.dtype``).
+    half-precision inputs, else ``sim.dtype``). ``sharded=True``: the rows are
+    sharded over a process group (:meth:`forward_sharded`).
     """
 
     def __init__(
@@ -133,9 +139,17 @@ class GlobalSmoothAPLoss(nn.Module):
             return "fast"
         return "exact"
 
+    @full_precision
     def forward(
-        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+        self,
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        sharded: bool = False,
     ) -> torch.Tensor:
+        if sharded:
+            return sharded_forward(self, sim, rel, valid)
         sim, rel, valid = check_batch(sim, rel, valid)
         # count_nonzero, not .sum(): a bool sum first widens the whole mask to int64.
         num_pos = int(torch.count_nonzero(rel & valid))
@@ -176,3 +190,45 @@ class GlobalSmoothAPLoss(nn.Module):
             scores, positive = scores[keep], positive[keep]
         sap = smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
         return 1.0 - sap
+
+    def forward_sharded(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss of the global list from this rank's rows (``rl_gap.losses.sharding.gsap``).
+
+        The fast kernel all-reduces its grid moments (O(G) per step); the exact
+        sweep all-gathers the positives (O(P)). The kernel choice and the
+        fallback follow :meth:`forward`, from the global counts.
+        """
+        counts = torch.tensor(
+            [int(torch.count_nonzero(rel & valid)), int(torch.count_nonzero(valid))],
+            dtype=torch.int64,
+            device=sim.device,
+        )
+        num_pos, num_valid = (int(c) for c in shard_comm.all_reduce(counts))
+        if num_pos == 0:
+            return zero_loss(sim, self, "batch has no valid positive pair")
+        impl = self.impl
+        if impl == "auto":
+            num_kept = num_valid - num_dropped(num_valid - num_pos, self.neg_drop)
+            impl = self.select_impl(num_pos, num_kept)
+        if impl == "fast":
+            try:
+                sap = sharded_gsap.sharded_smoothed_ap_fast(
+                    sim.reshape(-1),
+                    rel.reshape(-1),
+                    self.temperature,
+                    tolerance=self.tolerance,
+                    valid=valid.reshape(-1),
+                    neg_drop=self.neg_drop,
+                )
+                return 1.0 - sap
+            except fast_sap_kernel.PlanError as error:
+                if self.impl == "fast":
+                    raise
+                self._warn_fallback(error)
+        scores, positive = kept_flat(sim, rel, valid, self.neg_drop)
+        scores = scores.to(compute_dtype(sim.dtype))
+        return 1.0 - sharded_gsap.sharded_smoothed_ap_exact(
+            scores, positive, self.temperature, self.chunk_size
+        )

@@ -13,8 +13,17 @@ import math
 import torch
 from torch import nn
 
-from rl_gap.losses.common import check_batch, check_temperature, compute_dtype, zero_loss
+from rl_gap import dist as shard_comm
+from rl_gap.losses.common import (
+    check_batch,
+    check_temperature,
+    compute_dtype,
+    full_precision,
+    zero_loss,
+)
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding.call import sharded_forward
+from rl_gap.losses.sharding.rows import mean_over_ranks, no_positive
 
 
 def multi_positive_infonce_rows(
@@ -35,6 +44,43 @@ def multi_positive_infonce_rows(
     num_pos = positive.sum(1)
     per_row = -log_prob.masked_fill(~positive, 0.0).sum(1) / num_pos.clamp(min=1)
     return per_row[num_pos > 0].mean()
+
+
+def infonce_row_partial(
+    logits: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """(sum over this rank's rows with a positive of the row loss, that row count)."""
+    masked = logits.masked_fill(~valid, torch.finfo(logits.dtype).min)
+    log_prob = torch.log_softmax(masked, dim=1)
+    positive = rel & valid
+    num_pos = positive.sum(1)
+    per_row = -log_prob.masked_fill(~positive, 0.0).sum(1) / num_pos.clamp(min=1)
+    return per_row[num_pos > 0].sum(), int(torch.count_nonzero(num_pos))
+
+
+def infonce_column_partial(
+    logits: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """This rank's partial of the column-direction loss over rows sharded across ranks.
+
+    Column c's loss is ``LSE_c − mean_{q in P_c} logit_qc`` with the
+    log-sum-exp over every rank's rows: its (M,) max (no gradient, LSE is
+    shift-invariant) and sum of exponentials are all-reduced. The LSE terms are
+    the same on every rank and enter rank 0's partial only. Returns the partial
+    and the global number of columns with a positive.
+    """
+    finfo_min = torch.finfo(logits.dtype).min
+    masked = logits.masked_fill(~valid, finfo_min)
+    col_max = shard_comm.all_reduce(masked.detach().amax(0).contiguous(), "max")
+    sum_exp = shard_comm.reduce_statistic(torch.exp(masked - col_max).sum(0))
+    lse = sum_exp.log() + col_max
+    positive = rel & valid
+    pos_count = shard_comm.all_reduce(positive.sum(0).to(torch.int64))
+    has_pos = pos_count > 0
+    num_cols = int(torch.count_nonzero(has_pos))
+    pos_sum = logits.masked_fill(~positive, 0.0).sum(0)
+    local = -(pos_sum / pos_count.clamp(min=1).to(logits.dtype))[has_pos].sum()
+    return local + shard_comm.first_rank_only(lse[has_pos].sum()), num_cols
 
 
 @register_loss("infonce")
@@ -98,9 +144,17 @@ class InfoNCELoss(nn.Module):
         )
         return {"logit_scale": scale, "temperature": 1.0 / scale}
 
+    @full_precision
     def forward(
-        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+        self,
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        sharded: bool = False,
     ) -> torch.Tensor:
+        if sharded:
+            return sharded_forward(self, sim, rel, valid)
         sim, rel, valid = check_batch(sim, rel, valid)
         if not bool((rel & valid).any()):
             return zero_loss(sim, self, "batch has no valid positive pair")
@@ -109,4 +163,18 @@ class InfoNCELoss(nn.Module):
         loss = multi_positive_infonce_rows(logits, rel, valid)
         if self.symmetric:
             loss = 0.5 * (loss + multi_positive_infonce_rows(logits.T, rel.T, valid.T))
+        return loss
+
+    def forward_sharded(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows: partial sums (scalars); columns: an all-reduced (M,) log-sum-exp."""
+        if no_positive(rel, valid):
+            return zero_loss(sim, self, "batch has no valid positive pair")
+        logits = sim.to(compute_dtype(sim.dtype)) * self.logit_scale()
+        row_sum, local_rows = infonce_row_partial(logits, rel, valid)
+        loss = mean_over_ranks(row_sum, shard_comm.global_count(local_rows, sim.device))
+        if self.symmetric:
+            col_partial, num_cols = infonce_column_partial(logits, rel, valid)
+            loss = 0.5 * (loss + mean_over_ranks(col_partial, num_cols))
         return loss

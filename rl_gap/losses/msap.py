@@ -15,9 +15,12 @@ from rl_gap.losses.common import (
     check_neg_drop,
     check_temperature,
     drop_lowest_negatives,
+    full_precision,
     zero_loss,
 )
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding.call import sharded_forward, symmetric_not_sharded
+from rl_gap.losses.sharding.rows import no_positive, row_mean
 from rl_gap.losses.smoothed_ap import smoothed_ap_rows
 
 
@@ -77,9 +80,17 @@ class MeanSmoothAPLoss(nn.Module):
             f"temperature={self.temperature}, neg_drop={self.neg_drop}, symmetric={self.symmetric}"
         )
 
+    @full_precision
     def forward(
-        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+        self,
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        sharded: bool = False,
     ) -> torch.Tensor:
+        if sharded:
+            return sharded_forward(self, sim, rel, valid)
         sim, rel, valid = check_batch(sim, rel, valid)
         if not bool((rel & valid).any()):
             return zero_loss(sim, self, "batch has no valid positive pair")
@@ -88,3 +99,21 @@ class MeanSmoothAPLoss(nn.Module):
         if self.symmetric:
             sap = 0.5 * (sap + mean_row_smoothed_ap(sim.T, rel.T, valid.T, *args))
         return 1.0 - sap
+
+    def sharding_unsupported(self) -> str | None:
+        """Columns are lists over every rank's rows: ``symmetric=True`` is not sharded."""
+        if self.symmetric:
+            return symmetric_not_sharded(self)
+        return None
+
+    def forward_sharded(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Each row is complete on its rank: the row sums and row count are all-reduced."""
+        if no_positive(rel, valid):
+            return zero_loss(sim, self, "batch has no valid positive pair")
+
+        def per_rows(s, r, v, has_pos):
+            return smoothed_ap_rows(s, r, v, self.temperature, self.chunk_size)[has_pos]
+
+        return 1.0 - row_mean(sim, rel, valid, per_rows, self.neg_drop)

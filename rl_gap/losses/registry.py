@@ -8,18 +8,17 @@ swapping ``name`` alone swaps the loss *and* its hyperparameters (the new
 loss's table, else its defaults — never another loss's values); flat keys
 (command-line overrides) apply to the chosen loss and win.
 
-Registration also gives a loss the precision contract of
-:mod:`rl_gap.precision`: its ``forward`` is wrapped by
-:func:`~rl_gap.precision.full_precision`, so it ranks float32 (or float64)
-similarities with autocast off even when called inside a ``bf16-mixed`` step,
-and the keyword ``sharded=True``: ``loss_fn(sim_rows, rel_rows, valid_rows,
-sharded=True)`` runs the loss on this rank's rows of a matrix sharded over a
-process group (``rl_gap.losses.sharding.dispatch``; docs/definitions.md).
+A loss states its own call contract where it is defined: its ``forward(sim,
+rel, valid=None, *, sharded=False)`` ranks in full precision (``@full_precision``
+from :mod:`rl_gap.precision`: float32 or float64 with autocast off, even inside a
+``bf16-mixed`` step) and, when it can be sharded, hands ``sharded=True`` to
+:func:`rl_gap.losses.sharding.call.sharded_forward`, which runs the class's own
+``forward_sharded`` (docs/losses.md, "Add a loss"). Registration only gives a
+``forward`` that does not declare the precision contract that wrapper.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -36,45 +35,22 @@ T = TypeVar("T", bound=type[nn.Module])
 def register_loss(name: str) -> Callable[[T], T]:
     """Class decorator adding a loss to the registry under ``name`` (lower case).
 
-    The class's ``forward`` is wrapped in place by ``full_precision`` (autocast
-    off, half-precision ``sim`` widened to float32), whatever kernel it calls.
+    A ``forward`` not decorated with ``full_precision`` is wrapped by it here
+    (autocast off, half-precision ``sim`` widened to float32), so any
+    registered loss ranks in full precision; the built-in losses decorate
+    their own ``forward``, which is left as written.
     """
     key = name.lower()
 
     def decorator(cls: T) -> T:
         if key in _LOSSES and _LOSSES[key] is not cls:
             raise ValueError(f"loss name {key!r} is already registered by {_LOSSES[key].__name__}")
-        cls.forward = _with_sharded(full_precision(cls.forward))  # type: ignore[method-assign]
+        if not getattr(cls.forward, "__rl_gap_full_precision__", False):
+            cls.forward = full_precision(cls.forward)  # type: ignore[method-assign]
         _LOSSES[key] = cls
         return cls
 
     return decorator
-
-
-# The sharded implementations (``rl_gap.losses.sharding``) import the loss modules, which
-# import this registry; the package face installs them here, so no import runs back.
-_SHARDED: dict[str, Callable[..., Any]] = {}
-
-
-def install_sharded_forward(fn: Callable[..., Any]) -> None:
-    """Route ``loss_fn(..., sharded=True)`` of every registered loss to ``fn(module, sim, rel, valid)``."""
-    _SHARDED["forward"] = fn
-
-
-def _with_sharded(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the ``sharded=`` keyword to a loss ``forward`` (idempotent)."""
-    if getattr(forward, "__rl_gap_sharded__", False):
-        return forward
-
-    @functools.wraps(forward)
-    def wrapper(self, sim, rel, valid=None, *, sharded: bool = False):
-        if sharded:
-            return full_precision(_SHARDED["forward"])(self, sim, rel, valid)
-        return forward(self, sim, rel, valid)
-
-    wrapper.__rl_gap_sharded__ = True  # type: ignore[attr-defined]
-    wrapper.__rl_gap_full_precision__ = True  # type: ignore[attr-defined]  (both paths are)
-    return wrapper
 
 
 def available_losses() -> list[str]:

@@ -29,8 +29,10 @@ import math
 
 import torch
 
-from rl_gap.losses.common import check_batch, compute_dtype
+from rl_gap import dist as shard_comm
+from rl_gap.losses.common import check_batch, compute_dtype, full_precision
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding.call import sharded_forward
 from rl_gap.losses.supap import GlobalSupAPLoss, SupAPLoss
 
 
@@ -88,12 +90,36 @@ class _RoadmapMixin:
         self.neg_margin = float(neg_margin)
         self.calibration_weight = float(weight)
 
+    @full_precision
     def forward(
-        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
+        self,
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        sharded: bool = False,
     ) -> torch.Tensor:
+        if sharded:
+            return sharded_forward(self, sim, rel, valid)
         sim, rel, valid = check_batch(sim, rel, valid)
         ap_term = super().forward(sim, rel, valid)  # type: ignore[misc]
         calib = calibration_loss(sim, rel, valid, self.pos_margin, self.neg_margin)
+        return ap_term + self.calibration_weight * calib.to(ap_term.dtype)
+
+    def forward_sharded(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """The SupAP term sharded, plus the calibration term's two global non-zero means."""
+        ap_term = super().forward_sharded(sim, rel, valid)  # type: ignore[misc]
+        s = sim.to(compute_dtype(sim.dtype))
+        positive, negative = rel & valid, ~rel & valid
+        calib = s.sum() * 0.0
+        for hinge in (
+            (self.pos_margin - s).clamp(min=0) * positive,
+            (s - self.neg_margin).clamp(min=0) * negative,
+        ):
+            count = shard_comm.global_count(int(torch.count_nonzero(hinge)), sim.device)
+            calib = calib + shard_comm.reduce_partials(hinge.sum()) / max(count, 1)
         return ap_term + self.calibration_weight * calib.to(ap_term.dtype)
 
     def extra_repr(self) -> str:

@@ -17,15 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl_gap.losses.common import check_batch, compute_dtype
+from rl_gap import dist as shard_comm
+from rl_gap.losses.common import check_batch, compute_dtype, full_precision
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding.call import sharded_forward
+from rl_gap.losses.sharding.rows import mean_over_ranks
+
+
+def sigmoid_pair_sum(logits: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``−Σ_valid log σ(±logits)`` (0-d); ``logits`` (Q, D) already scaled and biased."""
+    sign = rel.to(logits.dtype) * 2.0 - 1.0
+    return -(F.logsigmoid(sign * logits) * valid.to(logits.dtype)).sum()
 
 
 def sigmoid_pair_loss(logits: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``−(1/Q) Σ_valid log σ(±logits)`` (0-d); ``logits`` (Q, D) already scaled and biased."""
-    sign = rel.to(logits.dtype) * 2.0 - 1.0
-    per_pair = F.logsigmoid(sign * logits) * valid.to(logits.dtype)
-    return -per_pair.sum() / logits.shape[0]
+    return sigmoid_pair_sum(logits, rel, valid) / logits.shape[0]
 
 
 @register_loss("siglip")
@@ -90,10 +97,27 @@ class SigLIPLoss(nn.Module):
             "logit_bias": float(self.bias.detach()),
         }
 
-    def forward(
-        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        sim, rel, valid = check_batch(sim, rel, valid)
+    def _logits(self, sim: torch.Tensor) -> torch.Tensor:
         dtype = compute_dtype(sim.dtype)
-        logits = sim.to(dtype) * self.scale().to(dtype) + self.bias.to(dtype)
-        return sigmoid_pair_loss(logits, rel, valid)
+        return sim.to(dtype) * self.scale().to(dtype) + self.bias.to(dtype)
+
+    @full_precision
+    def forward(
+        self,
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        *,
+        sharded: bool = False,
+    ) -> torch.Tensor:
+        if sharded:
+            return sharded_forward(self, sim, rel, valid)
+        sim, rel, valid = check_batch(sim, rel, valid)
+        return sigmoid_pair_loss(self._logits(sim), rel, valid)
+
+    def forward_sharded(
+        self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """Every pair is its own term: this rank's sum, over the global number of rows."""
+        rows = shard_comm.global_count(sim.shape[0], sim.device)
+        return mean_over_ranks(sigmoid_pair_sum(self._logits(sim), rel, valid), rows)

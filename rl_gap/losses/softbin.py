@@ -234,6 +234,13 @@ class SoftBinAPLoss(APSurrogateLoss):
     ) -> torch.Tensor:
         return softbin_ap(scores, positive, valid, self.num_bins, self.sim_range)
 
+    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        """The global SoftBin AP over ranks: the two (L,) histograms are all-reduced."""
+        # Imported here: the sharded kernels reuse this module's pieces.
+        from rl_gap.losses.sharding import global_surrogates
+
+        return global_surrogates.sharded_softbin_ap(scores, positive, self.num_bins, self.sim_range)
+
 
 @register_loss("gsoftbin")
 class GlobalSoftBinAPLoss(SoftBinAPLoss):

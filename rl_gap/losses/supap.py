@@ -239,6 +239,14 @@ class SupAPLoss(APSurrogateLoss):
             self.start,
         )
 
+    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        """The global SupAP over ranks: positives all-gathered, rank partials all-reduced."""
+        # Imported here: the sharded kernels reuse the loss modules' pieces.
+        from rl_gap.losses.sharding import global_surrogates
+
+        params = (self.temperature, self.rho, self.offset, self.margin, self.start)
+        return global_surrogates.sharded_supap(scores, positive, params, self.chunk_size)
+
 
 @register_loss("gsupap")
 class GlobalSupAPLoss(SupAPLoss):

@@ -1,5 +1,6 @@
-"""SupAP's ``start`` (H⁻'s step at t = 0 in the margin band): ROADMAP's released iNaturalist
-setting ``start: 0.0, offset: 1.0`` against hand-written references of the formula."""
+"""SupAP (rl_gap/losses/supap.py) against the float64 references of ``tests/surrogate_refs.py``
+(the paper's rank form on brute-force lists), including ``start`` (H⁻'s step at t = 0 in the
+margin band) at ROADMAP's released iNaturalist setting ``start: 0.0, offset: 1.0``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import math
 
 import pytest
 import torch
-from surrogate_refs import brute_supap, make_batch, mean_list_loss, value_and_grad
+from surrogate_refs import (
+    brute_supap,
+    exact_ap,
+    lists,
+    make_batch,
+    mean_list_loss,
+    value_and_grad,
+)
 
 from rl_gap.losses import build_loss
 from rl_gap.losses.roadmap import calibration_loss
@@ -89,3 +97,62 @@ def test_start_must_be_finite_and_non_negative(name, start):
 
 def test_default_start_is_the_paper_half():
     assert build_loss("supap").start == 0.5 and build_loss("groadmap").start == 0.5
+
+
+SUPAP_SETTINGS = [
+    dict(temperature=0.01, rho=100.0, offset=1.44, margin=0.05),  # released defaults
+    dict(temperature=0.1, rho=10.0, offset=1.0, margin=0.0),  # two-piece form
+    dict(temperature=0.05, rho=3.0, offset=2.0, margin=0.2),
+]
+
+
+@pytest.mark.parametrize("per_query", [True, False])
+@pytest.mark.parametrize("setting", range(len(SUPAP_SETTINGS)))
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+def test_supap_matches_brute_force_value_and_gradient(per_query, setting, alpha):
+    kw = SUPAP_SETTINGS[setting]
+    sim, rel, valid = make_batch(seed=30 + setting, q=8, d=10)
+    name = "supap" if per_query else "gsupap"
+    value, grad = value_and_grad(build_loss(name, neg_drop=alpha, **kw), sim, rel, valid, 1.7)
+    ref_leaf = sim.clone().requires_grad_(True)
+    args = (kw["temperature"], kw["rho"], kw["offset"], kw["margin"])
+    ref = mean_list_loss(
+        ref_leaf, rel, valid, per_query, lambda s, p: brute_supap(s, p, *args), alpha
+    )
+    (1.7 * ref).backward()
+    torch.testing.assert_close(value, ref.detach(), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(grad, ref_leaf.grad, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 1000])
+def test_supap_chunking_and_symmetric(chunk_size):
+    sim, rel, valid = make_batch(seed=8, q=9, d=9)
+    for name in ("supap", "gsupap"):
+        kwargs = dict(chunk_size=chunk_size, temperature=0.05)
+        if name == "supap":
+            kwargs["symmetric"] = True
+        value, grad = value_and_grad(build_loss(name, **kwargs), sim, rel, valid)
+        ref_leaf = sim.clone().requires_grad_(True)
+        ref = mean_list_loss(
+            ref_leaf,
+            rel,
+            valid,
+            name == "supap",
+            lambda s, p: brute_supap(s, p, 0.05, 100.0, 1.44, 0.05),
+            symmetric=name == "supap",
+        )
+        ref.backward()
+        torch.testing.assert_close(value, ref.detach(), rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(grad, ref_leaf.grad, rtol=1e-9, atol=1e-11)
+
+
+def test_supap_gradcheck_and_upper_bound():
+    sim, rel, valid = make_batch(seed=13, q=5, d=6)
+    for name in ("supap", "gsupap"):
+        loss_fn = build_loss(name, temperature=0.2, rho=5.0, margin=0.1)
+        leaf = sim.clone().requires_grad_(True)
+        assert torch.autograd.gradcheck(lambda s, f=loss_fn: f(s, rel, valid), (leaf,), eps=1e-7)
+    # offset ≥ 1 makes H⁻ ≥ step (no ties here): 1 − SupAP ≥ 1 − AP, list by list.
+    for per_query, name in ((True, "supap"), (False, "gsupap")):
+        aps = [exact_ap(s.tolist(), p) for s, p in lists(sim, rel, valid, per_query)]
+        assert float(build_loss(name)(sim, rel, valid)) >= 1 - sum(aps) / len(aps)

@@ -1,15 +1,18 @@
 """Losses on a batch matrix whose rows are sharded across ranks (docs/distributed.md).
 
-``loss_fn(sim_rows, rel_rows, valid_rows, sharded=True)`` (every registered loss)
-returns the single-process global loss on every rank from this rank's rows:
+``loss_fn(sim_rows, rel_rows, valid_rows, sharded=True)`` returns the
+single-process global loss on every rank from this rank's rows. Each loss
+class holds its own sharded form (``forward_sharded``); this package holds what
+they share:
 
-- ``comm``: autograd-aware reductions of the global statistics and a byte counter;
+- ``call``: the sharded call (inputs checked on every rank), ``supports_sharding``;
+- ``rows``: per-row partial sums and the flat list after global negative dropping;
 - ``drop``: negative dropping over the sharded list (a distributed radix select);
 - ``gsap``: gSAP's fast kernel (grid moments all-reduced) and exact sweep;
 - ``global_surrogates``: gSoftBin, gBlackBox, gSupAP;
-- ``dispatch``: the per-loss routing, per-row losses and InfoNCE's column statistics.
+- ``comm``: the collectives' old import path (they live in ``rl_gap.dist``).
 """
 
-from rl_gap.losses.sharding.dispatch import sharded_forward, supports_sharding, warn_replicated
+from rl_gap.losses.sharding.call import sharded_forward, supports_sharding, warn_replicated
 
 __all__ = ["sharded_forward", "supports_sharding", "warn_replicated"]

@@ -12,7 +12,7 @@ from gsap_contract import reference
 
 from rl_gap.losses import build_loss
 from rl_gap.losses.fast_sap import kernel
-from rl_gap.losses.fast_sap.grid import PlanError, plan_grid
+from rl_gap.losses.fast_sap.grid import PlanError
 
 
 def square_batch(batch: int, seed: int = 0):
@@ -27,14 +27,6 @@ def square_batch(batch: int, seed: int = 0):
 def test_bad_tolerance_rejected_at_construction(tolerance, impl):
     with pytest.raises(ValueError, match="tolerance"):
         build_loss("gsap", impl=impl, tolerance=tolerance)
-
-
-def test_plan_error_for_unreachable_grids():
-    # τ = 1e-6 over cosine scores; scores x 1e4 at τ = 0.01: no grid within the cell budget.
-    for lo, hi, tau in ((-0.9, 0.9, 1e-6), (-9000.0, 9000.0, 1e-2)):
-        with pytest.raises(PlanError, match="cannot reach tolerance"):
-            plan_grid(lo, hi, lo, hi, 10_000, tau, 1e-8, torch.float32)
-    assert issubclass(PlanError, ValueError)
 
 
 @pytest.mark.parametrize(("tau", "scale"), [(1e-6, 1.0), (1e-2, 1e4)])

@@ -12,7 +12,6 @@ from gsap_contract import assert_within_contract, reference
 from rl_gap.losses import build_loss
 from rl_gap.losses.common import drop_lowest_negatives
 from rl_gap.losses.fast_sap.kernel import prefer_fast, smoothed_ap_fast
-from rl_gap.losses.fast_sap.taylor import relative_remainder, sigmoid_derivatives
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
 TAUS = [1e-1, 1e-2, 1e-3, 1e-4]
@@ -248,71 +247,6 @@ def test_bad_input_raises(scores, positive, tau, tolerance, match):
         smoothed_ap_fast(scores, positive, tau, tolerance=tolerance)
 
 
-def test_sigmoid_derivatives_match_autograd():
-    # |u| <= 12: beyond, autograd's σ(1 − σ) loses digits to cancellation.
-    u = torch.linspace(-12, 12, 121, dtype=torch.float64).requires_grad_()
-    table = sigmoid_derivatives(u.detach(), 3)
-    value = torch.sigmoid(u)
-    for n in range(4):
-        assert torch.allclose(table[:, n], value.detach(), rtol=1e-8, atol=1e-300)
-        if n < 3:
-            (value,) = torch.autograd.grad(value.sum(), u, create_graph=True)
-
-
-def test_remainder_bound_covers_direct_taylor_errors():
-    # The Taylor remainder of σ about u with offset t, relative to σ(u + t),
-    # checked on random points against the tabulated bound.
-    gen = torch.Generator().manual_seed(8)
-    u = (torch.rand(2000, generator=gen, dtype=torch.float64) - 0.5) * 60
-    t = (torch.rand(2000, generator=gen, dtype=torch.float64) - 0.5) * 0.5  # |t| <= 0.25
-    for order in (2, 4, 8):
-        deriv = sigmoid_derivatives(u, order)
-        approx = sum(deriv[:, n] * t**n / math.factorial(n) for n in range(order + 1))
-        exact = torch.sigmoid(u + t)
-        worst = float(((exact - approx).abs() / exact).max())
-        assert worst <= relative_remainder(0.25, order)
-        assert relative_remainder(0.25, order) < 0.25 ** (order + 1)
-
-
-def _native_or_skip():
-    from rl_gap.losses.fast_sap import native as fast_native
-
-    if fast_native.native_library() is None:
-        pytest.skip("no C++ compiler: the optional native passes are unavailable")
-    return fast_native
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("tau", TAUS)
-def test_native_passes_match_torch_passes(monkeypatch, dtype, tau):
-    # The optional C++ passes against the torch passes on the same plan: moment
-    # sums to float64 rounding (summation order differs), polynomials to 1 ulp.
-    _native_or_skip()
-    from rl_gap.losses.fast_sap import binning as fast_binning
-    from rl_gap.losses.fast_sap.grid import plan_grid
-
-    gen = torch.Generator().manual_seed(11)
-    scores = (torch.randn(50_000, generator=gen) * 0.1).to(dtype)
-    scores[:3] = torch.tensor([4.0, -4.0, 0.7])  # outside the window: sink rows
-    valid = torch.rand(50_000, generator=gen) < 0.9
-    plan = plan_grid(-0.3, 0.3, -0.2, 0.2, scores.numel(), tau, 1e-7, dtype)
-    table = torch.randn(plan.num_fine + 2, plan.fine_order + 1, dtype=torch.float64)
-    table[0] = table[-1] = 0.0
-    results = {}
-    for native in (True, False):
-        monkeypatch.setattr(fast_binning, "USE_NATIVE", native)
-        moments = fast_binning.fine_moments(scores, plan, valid)
-        values = fast_binning.evaluate_fine(scores, plan, table, torch.empty_like(scores), valid)
-        results[native] = moments, values
-    (m_nat, v_nat), (m_ref, v_ref) = results[True], results[False]
-    scale = m_ref.abs().amax(0).clamp_min(1e-300)
-    assert ((m_nat - m_ref).abs() / scale).max() <= 1e-12
-    assert torch.equal(m_nat[:, 0], m_ref[:, 0])  # counts are exact
-    ulp = torch.finfo(dtype).eps * v_ref.abs().clamp_min(1.0)
-    assert ((v_nat - v_ref).abs() <= 4 * ulp).all()
-    assert torch.all(v_nat[~valid] == 0)
-
-
 @pytest.mark.parametrize("seed", [1, 3, 12])
 def test_tight_clusters_with_mask_at_smallest_tau(seed):
     # A positive's own gradient is a difference of near-equal kernel sums here: the
@@ -339,14 +273,3 @@ def test_torch_passes_match_brute_force(monkeypatch, tau):
     value = smoothed_ap_fast(s, positive, tau, valid=valid)
     value.backward()
     assert_within_contract(value, s.grad[valid], ref, 1e-8, torch.float32)
-
-
-def test_native_select_matches_nonzero():
-    fast_native = _native_or_skip()
-    gen = torch.Generator().manual_seed(14)
-    for n in (0, 5, 8, 1003):
-        positive = torch.rand(n, generator=gen) < 0.1
-        valid = torch.rand(n, generator=gen) < 0.7
-        expected = (positive & valid).nonzero().squeeze(1)
-        assert torch.equal(fast_native.select(positive, valid), expected)
-        assert torch.equal(fast_native.select(positive, None), positive.nonzero().squeeze(1))

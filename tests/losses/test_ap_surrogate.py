@@ -11,7 +11,7 @@ import torch
 from surrogate_refs import flat_one_row, make_batch, value_and_grad
 
 from rl_gap.losses import build_loss, loss_from_config
-from tests.losses.test_sap import LargestTensor
+from tests.losses.sap_refs import LargestTensor
 
 PER_QUERY = ["softbin", "blackbox", "supap"]
 GLOBAL = ["gsoftbin", "gblackbox", "gsupap"]
