@@ -5,8 +5,10 @@
 linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
 
 Start-up: this module imports nothing heavy; a command imports what it uses.
-``--help`` of any command is printed from a cache once it has been built
-(:mod:`rl_gap.help_cache`): LightningCLI's help alone needs torch and Lightning.
+``rl-gap fit|validate|test|predict --help`` is replayed from a recorded spec of
+LightningCLI's parser (:mod:`rl_gap.help_spec`) without importing torch or Lightning;
+any other ``--help`` line is printed from a cache once it has been built
+(:mod:`rl_gap.help_cache`).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def usage() -> str:
     )
 
 
-def _run_training_command(argv: list[str] | None) -> int:
+def run_training_command(argv: list[str] | None) -> int:
     from rl_gap.training.stop_request import listen_for_sigterm
 
     listen_for_sigterm()  # a SIGTERM while torch/Lightning load is recorded, not fatal
@@ -93,6 +95,16 @@ def _run_training_command(argv: list[str] | None) -> int:
     # LightningCLI reads sys.argv itself when called from the console script.
     run_lightning_cli(argv)
     return 0
+
+
+def _training_help(command: str, argv: list[str] | None) -> int:
+    """``rl-gap <command> --help`` replayed from the help spec, else live (which records it)."""
+    from rl_gap import help_spec
+
+    if help_spec.print_help(command):
+        return 0
+    with help_spec.recording():
+        return run_training_command(argv)
 
 
 def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
@@ -117,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
+    if words[1:] in (["--help"], ["-h"]):
+        return _training_help(words[0], argv)
     with cached_help(words):
-        return _run_training_command(argv)
+        return run_training_command(argv)
 
 
 if __name__ == "__main__":
