@@ -32,7 +32,13 @@ import torch.nn.functional as F
 from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from torch import nn
 
-from rl_gap.models.pretrained import fetching, hf_hub_cache, hub_offline, is_hub_name
+from rl_gap.models.pretrained import (
+    fetching,
+    hf_hub_cache,
+    hub_offline,
+    is_hub_name,
+    weights_come_from_checkpoint,
+)
 from rl_gap.precision import full_precision_normalize
 
 Tokenizer = Callable[..., torch.Tensor]
@@ -173,30 +179,31 @@ def load_clip_weights(model: nn.Module, path: str | os.PathLike) -> None:
         )
 
 
-def hub_model_source(model_name: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """(open_clip_config.json, weights file, preprocess config) of an ``hf-hub:org/repo``
-    name, through open_clip's Hub download (Hugging Face cache)."""
+def hub_model_source(
+    model_name: str, with_weights: bool = True
+) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+    """(open_clip_config.json, weights file or None, preprocess config) of an
+    ``hf-hub:org/repo`` name, through open_clip's Hub download (Hugging Face cache)."""
     repo = model_name.split(":", 1)[1]
     with fetching(f"of {model_name!r}", [f"{hf_hub_cache()} (HF_HOME)"]):
         config_file = open_clip.pretrained.download_pretrained_from_hf(
             repo, filename="open_clip_config.json"
         )
-        weights = open_clip.pretrained.download_pretrained_from_hf(repo)
+        weights = open_clip.pretrained.download_pretrained_from_hf(repo) if with_weights else None
     with open(config_file, encoding="utf-8") as f:
         full = json.load(f)
     return full, weights, dict(full.get("preprocess_cfg") or {})
 
 
-def pretrained_tag_file(
+def pretrained_tag_entry(
     model_name: str, tag: str, config: Mapping[str, Any] | None = None
-) -> tuple[str, dict[str, Any]]:
-    """The local file of open_clip's pretrained ``tag`` for ``model_name`` (downloaded into
-    open_clip's cache if missing) and the tag's registry entry (mean, std, quick_gelu).
+) -> dict[str, Any]:
+    """open_clip's registry entry of ``tag`` for ``model_name`` (url/hf_hub, mean, std,
+    quick_gelu), read without any download.
 
     Raises:
         ValueError: a tag open_clip does not know for this model, or a tag trained with
             QuickGELU on a config without it (the weights would load and compute wrongly).
-        PretrainedWeightsUnavailable: the weights are neither cached nor downloadable.
     """
     entry = open_clip.get_pretrained_cfg(model_name, tag)
     if not entry:
@@ -214,6 +221,20 @@ def pretrained_tag_file(
             f"{model_name!r} is configured otherwise; use "
             f"{model_name.removesuffix('-quickgelu') + ('-quickgelu' if wanted == 'with' else '')!r}"
         )
+    return dict(entry)
+
+
+def pretrained_tag_file(
+    model_name: str, tag: str, config: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The local file of open_clip's pretrained ``tag`` for ``model_name`` (downloaded into
+    open_clip's cache if missing) and the tag's registry entry (:func:`pretrained_tag_entry`).
+
+    Raises:
+        ValueError: see :func:`pretrained_tag_entry`.
+        PretrainedWeightsUnavailable: the weights are neither cached nor downloadable.
+    """
+    entry = pretrained_tag_entry(model_name, tag, config)
     on_hub = bool(entry.get("hf_hub")) and open_clip.pretrained.has_hf_hub()
     cache = f"{hf_hub_cache()} (HF_HOME)" if on_hub else os.path.expanduser(OPEN_CLIP_URL_CACHE)
     with fetching(f"{model_name} pretrained={tag!r}", [cache]):
@@ -229,13 +250,16 @@ def resolve_pretrained(
     model_name: str | None, pretrained: str | None, config: Mapping[str, Any] | None = None
 ) -> tuple[str | None, dict[str, Any]]:
     """(checkpoint file or None, preprocess settings) for ``pretrained``: a local file or
-    an open_clip pretrained tag of ``model_name``."""
+    an open_clip pretrained tag of ``model_name``. Inside ``weights_from_checkpoint`` no
+    file is named (the checkpoint brings the weights), and a tag's preprocessing comes
+    from open_clip's registry alone."""
     if not pretrained:
         return None, {}
     text = str(pretrained)
     path = Path(text).expanduser()
+    from_checkpoint = weights_come_from_checkpoint()
     if path.is_file():
-        return str(path), {}
+        return (None if from_checkpoint else str(path)), {}
     looks_like_path = (
         os.sep in text
         or "/" in text
@@ -243,13 +267,18 @@ def resolve_pretrained(
         or path.suffix in CHECKPOINT_SUFFIXES
     )
     if looks_like_path:
+        if from_checkpoint:
+            return None, {}
         load_state_dict_file(path)  # raises the missing-file error
     if model_name is None:
         raise ValueError(
             f"pretrained tag {text!r} needs an open_clip model_name (e.g. 'ViT-B-32'), "
             "or give a local checkpoint file"
         )
-    file, entry = pretrained_tag_file(str(model_name), text, config)
+    if from_checkpoint:
+        file, entry = None, pretrained_tag_entry(str(model_name), text, config)
+    else:
+        file, entry = pretrained_tag_file(str(model_name), text, config)
     return file, {k: entry[k] for k in ("mean", "std") if k in entry}
 
 
@@ -297,7 +326,9 @@ class CLIPEncoder(nn.Module):
                     f"{model_name!r} names its own config and weights: leave pretrained and "
                     "model_config empty"
                 )
-            hub_config, checkpoint, preprocess = hub_model_source(str(model_name))
+            hub_config, checkpoint, preprocess = hub_model_source(
+                str(model_name), with_weights=not weights_come_from_checkpoint()
+            )
             config = resolve_model_config(None, hub_config)
         else:
             config = resolve_model_config(model_name, model_config)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import open_clip
 import pytest
+from open_clip.constants import OPENAI_DATASET_MEAN
 import timm
 import torch
 import yaml
@@ -75,6 +76,20 @@ case("clip_url", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url
 case("clip_url_missing", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url_missing")))
 case("clip_missing", lambda: clip_tensors(CLIPEncoder("ViT-B-32-quickgelu", pretrained="metaclip_400m")))
 results["openai_file"] = pretrained_tag_file("ViT-B-32-quickgelu", "openai")[0]
+# evaluation from a checkpoint: names the cache does not hold build offline, weights unread
+from rl_gap.models.pretrained import weights_from_checkpoint
+
+def architecture(encoder):
+    return {f"shape.{k}": torch.tensor(v.shape) for k, v in encoder.backbone.state_dict().items()}
+
+with weights_from_checkpoint():
+    case("ckpt_timm_hub", lambda: architecture(EmbeddingEncoder("hf-hub:timm/test_vit.r160_in1k", dim=0)))
+    case("ckpt_timm_tag", lambda: architecture(EmbeddingEncoder("test_vit", dim=0, pretrained=True)))
+    case("ckpt_timm_file", lambda: architecture(EmbeddingEncoder("test_vit", dim=0, weights="/absent.pt")))
+    case("ckpt_clip_tag", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url_missing")))
+    case("ckpt_clip_mean", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="tiny_tag")))
+    case("ckpt_clip_file", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="/absent.pt")))
+    case("ckpt_timm_other_hub", lambda: architecture(EmbeddingEncoder("hf-hub:org/absent", dim=0)))
 print(json.dumps(results))
 """
 
@@ -185,6 +200,35 @@ def test_weights_missing_offline_fail_in_one_line_naming_the_cache(offline_build
         assert str(offline_builds["home"] / "hub") in message
     if name == "timm_missing":
         assert str(offline_builds["home"] / "torch" / "hub" / "checkpoints") in message
+
+
+@pytest.mark.parametrize("name", ["ckpt_timm_hub", "ckpt_timm_tag", "ckpt_timm_file"])
+def test_evaluating_a_checkpoint_builds_timm_names_offline_without_their_weights(
+    offline_builds, name
+):
+    """Inside ``weights_from_checkpoint`` an uncached ``hf-hub:timm/<registered name>``, a
+    tag and a missing weights file build offline, as the architecture timm registers."""
+    loaded = _loaded(offline_builds, name)
+    reference = timm.create_model("test_vit.r160_in1k", pretrained=False, num_classes=0)
+    expected = {f"shape.{k}": list(v.shape) for k, v in reference.state_dict().items()}
+    assert {k: v.tolist() for k, v in loaded.items()} == expected
+
+
+@pytest.mark.parametrize("name", ["ckpt_clip_tag", "ckpt_clip_mean", "ckpt_clip_file"])
+def test_evaluating_a_checkpoint_builds_clip_tags_offline_with_their_preprocessing(
+    offline_builds, name
+):
+    """An uncached open_clip tag builds offline, and its registry entry still sets mean/std."""
+    loaded = _loaded(offline_builds, name)
+    mean = loaded.pop("_mean")
+    expected = [0.25] * 3 if name == "ckpt_clip_mean" else list(OPENAI_DATASET_MEAN)  # open_clip's
+    assert mean.tolist() == torch.tensor(expected).tolist()
+    assert set(loaded) == set(offline_builds["refs"]["clip_tag"])
+
+
+def test_other_hub_repositories_still_need_their_config_from_the_cache(offline_builds):
+    message = offline_builds["results"]["ckpt_timm_other_hub"]
+    assert message.startswith("PretrainedWeightsUnavailable: cannot load pretrained weights")
 
 
 def test_contradicting_or_unknown_names_are_refused():
