@@ -72,7 +72,9 @@ def installed_distributions() -> list[str]:
     for entry in sys.path:
         with contextlib.suppress(OSError):
             found.update(
-                name for name in os.listdir(entry or ".") if name.endswith((".dist-info", ".egg-info"))
+                name
+                for name in os.listdir(entry or ".")
+                if name.endswith((".dist-info", ".egg-info"))
             )
     return sorted(found)
 

@@ -34,7 +34,9 @@ STALE_PAGE = {
 def live(tmp_path_factory):
     """A stale spec, then ``rl-gap fit --help``: what it printed, the spec it wrote, its parser."""
     spec_file = tmp_path_factory.mktemp("spec") / "help_spec.json"
-    spec_file.write_text(json.dumps({"format": 1, "key": "0" * 64, "commands": {"fit": STALE_PAGE}}))
+    spec_file.write_text(
+        json.dumps({"format": 1, "key": "0" * 64, "commands": {"fit": STALE_PAGE}})
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RL_GAP_HELP_SPEC", str(spec_file))
         mp.setenv("COLUMNS", "80")
@@ -128,7 +130,9 @@ def test_the_key_follows_sources_distributions_environment_and_python(tmp_path, 
 
 def test_replay_is_off_with_the_cache_switch(monkeypatch, tmp_path, capsys):
     spec_file = tmp_path / "help_spec.json"
-    spec_file.write_text(json.dumps({"key": help_spec.current_key(), "commands": {"fit": STALE_PAGE}}))
+    spec_file.write_text(
+        json.dumps({"key": help_spec.current_key(), "commands": {"fit": STALE_PAGE}})
+    )
     monkeypatch.setenv("RL_GAP_HELP_SPEC", str(spec_file))
     monkeypatch.delenv("RL_GAP_HELP_CACHE", raising=False)
     assert help_spec.print_help("fit")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import open_clip
 import pytest
-from open_clip.constants import OPENAI_DATASET_MEAN
 import timm
 import torch
 import yaml
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from safetensors.torch import load_file
 
 from rl_gap.models.clip import (
@@ -260,3 +260,105 @@ def test_paper_recipes_name_the_papers_pretrained_weights():
         assert (args["model_name"], args["pretrained"]) == ("ViT-B-32-quickgelu", "openai")
     entry = open_clip.get_pretrained_cfg("ViT-B-32-quickgelu", "openai")
     assert entry["quick_gelu"] and "openai" in entry["hf_hub"]
+
+
+EVALUATE_OFFLINE = r"""
+import json, sys
+import open_clip, torch
+from safetensors.torch import save_file
+from rl_gap.models.clip import tiny_clip_config
+from rl_gap.training.cli import run_lightning_cli
+
+open_clip.pretrained._PRETRAINED["rl-gap-tiny"] = {
+    "tiny_tag": open_clip.pretrained._pcfg(hf_hub="rl-gap-test/tiny-clip-tag/", mean=(0.25,) * 3)
+}
+open_clip.factory._MODEL_CONFIGS["rl-gap-tiny"] = tiny_clip_config()
+stage, out, root = sys.argv[1:4]
+common = [
+    "--output_dir", out, "--wandb", "off", "--trainer.max_epochs", "1",
+    "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1",
+    "--trainer.limit_predict_batches", "1", "--trainer.check_val_every_n_epoch", "1",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]
+runs = {
+    "ml": [
+        "--config", f"{root}/recipes/demo/mnist_gsap.yaml", *common, "--run_name", "ml",
+        "--model.init_args.backbone", "hf-hub:timm/test_resnet.r160_in1k",
+        "--model.init_args.backbone_kwargs", "null", "--model.init_args.eval_plots", "false",
+        "--data.init_args.eval_batch_size", "100",
+    ],
+    "clip": [
+        "--config", f"{root}/recipes/demo/glyphs_gsap.yaml", *common, "--run_name", "clip",
+        "--model.init_args.model_config", "null", "--model.init_args.model_name", "rl-gap-tiny",
+        "--model.init_args.pretrained", "tiny_tag",
+    ],
+}
+generator = torch.Generator().manual_seed(0)
+digits, pictures = torch.rand(4, 1, 28, 28, generator=generator), torch.rand(4, 3, 32, 32, generator=generator)
+outputs = {}
+for name, argv in runs.items():
+    ckpt = f"{out}/{name}/checkpoints/last.ckpt"
+    commands = [["fit"]] if stage == "fit" else [["validate", "--ckpt_path", ckpt], ["predict", "--ckpt_path", ckpt]]
+    for command in commands:
+        module = run_lightning_cli([command[0], *argv, *command[1:]]).model.eval()
+        with torch.no_grad():
+            if name == "ml":
+                outputs[f"ml_{command[0]}"] = module.encoder(digits)
+            else:
+                clip = module.clip
+                outputs[f"image_{command[0]}"] = clip.encode_image(pictures)
+                outputs[f"text_{command[0]}"] = clip.encode_text(clip.tokenize(["a glyph", "b"]))
+                outputs[f"mean_{command[0]}"] = torch.tensor(clip.mean + clip.std)
+save_file({k: v.contiguous() for k, v in outputs.items()}, f"{out}/{stage}.safetensors")
+"""
+
+
+@pytest.mark.slow
+def test_checkpoints_of_named_weight_runs_evaluate_offline_without_a_cache(tmp_path):
+    """fit with ``hf-hub:timm/...`` / an open_clip tag from a filled cache; then validate and
+    predict the checkpoints with ``HF_HUB_OFFLINE=1`` and empty caches: same outputs, bit for bit,
+    and CLIP's preprocessing still the tag's."""
+    home = tmp_path / "filled"
+    resnet = scrambled(timm.create_model("test_resnet", pretrained=False).state_dict(), 6)
+    resnet = {k: v.abs() + 0.5 if k.endswith("running_var") else v for k, v in resnet.items()}
+    write_hub_repo(
+        home / "hub",
+        "timm/test_resnet.r160_in1k",
+        {"config.json": _timm_config("test_resnet"), "model.safetensors": resnet},
+    )
+    clip = CLIPEncoder(None, tiny_clip_config()).model.state_dict()
+    write_hub_repo(
+        home / "hub",
+        "rl-gap-test/tiny-clip-tag",
+        {"open_clip_model.safetensors": scrambled(clip, 7)},
+    )
+    out = tmp_path / "runs"
+    for stage, hf_home in (("fit", home), ("evaluate", tmp_path / "empty")):
+        hf_home.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "HF_HOME": str(hf_home),
+            "HF_HUB_OFFLINE": "1",
+            "TORCH_HOME": str(hf_home / "torch"),
+            "HOME": str(hf_home),
+            "PYTHONPATH": str(ROOT),
+        }
+        env.pop("HF_HUB_CACHE", None)
+        proc = subprocess.run(
+            [sys.executable, "-c", EVALUATE_OFFLINE, stage, str(out), str(ROOT)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    fetched = [p for p in (tmp_path / "empty").rglob("*") if p.suffix in (".safetensors", ".bin")]
+    assert fetched == [] and not (tmp_path / "empty" / "hub").exists()
+    trained = load_file(str(out / "fit.safetensors"))
+    evaluated = load_file(str(out / "evaluate.safetensors"))
+    assert (
+        trained["mean_fit"].tolist() == torch.tensor([0.25] * 3 + list(OPENAI_DATASET_STD)).tolist()
+    )
+    for key, value in trained.items():
+        for command in ("validate", "predict"):
+            assert torch.equal(evaluated[key.replace("_fit", f"_{command}")], value), (key, command)
