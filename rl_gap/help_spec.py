@@ -12,8 +12,8 @@ the install) and by any live ``rl-gap <command> --help``. It is used only while
 its key matches; the key covers every input of the text:
 
 - the Python version (argparse's layout);
-- the name and version of every installed distribution (the ``*.dist-info`` /
-  ``*.egg-info`` entries on ``sys.path``: an upgrade, install or removal changes it);
+- the name and version of every installed distribution (the ``*.dist-info`` entries
+  on ``sys.path``: an upgrade, install or removal changes it);
 - the content of every file of the ``rl_gap`` package;
 - the environment variables jsonargparse and Lightning read (``JSONARGPARSE_*``,
   ``PL_*``, ``LIGHTNING_*``).
@@ -67,15 +67,16 @@ def _package_files(root: Path) -> list[Path]:
 
 
 def installed_distributions() -> list[str]:
-    """Names of the ``*.dist-info``/``*.egg-info`` entries on ``sys.path`` (name and version)."""
+    """Names of the ``*.dist-info`` entries on ``sys.path`` (name and version), and of the
+    ``*.egg-info`` ones in ``site-packages``: a source checkout's own ``*.egg-info`` (build
+    metadata) would make the key depend on the working directory."""
     found = set()
     for entry in sys.path:
+        folder = entry or "."
+        installed = os.path.basename(os.path.normpath(folder)) in ("site-packages", "dist-packages")
+        suffixes = (".dist-info", ".egg-info") if installed else (".dist-info",)
         with contextlib.suppress(OSError):
-            found.update(
-                name
-                for name in os.listdir(entry or ".")
-                if name.endswith((".dist-info", ".egg-info"))
-            )
+            found.update(name for name in os.listdir(folder) if name.endswith(suffixes))
     return sorted(found)
 
 
@@ -185,7 +186,9 @@ def _recording_formatter(base: type, invocations: dict, texts: dict, usage: list
     """``base`` (jsonargparse's formatter) noting what it computes for each action."""
 
     class Recorder(base):  # type: ignore[misc, valid-type]
-        _stack: list = []
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._stack: list = []  # the action being formatted (subactions nest)
 
         def _format_action_invocation(self, action):
             invocations[id(action)] = text = super()._format_action_invocation(action)

@@ -119,6 +119,8 @@ def test_the_key_follows_sources_distributions_environment_and_python(tmp_path, 
     changed()
     (site / "bar-0.1.dist-info").mkdir()  # an install (an optional dependency)
     changed()
+    (site / "rl_gap.egg-info").mkdir()  # a source checkout's build metadata: no input
+    assert help_spec.current_key(package) == keys[-1]
     monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")  # options read from the environment
     changed()
     monkeypatch.setattr(sys, "version", sys.version + " (another build)")
