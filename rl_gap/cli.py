@@ -5,10 +5,9 @@
 linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
 
 Start-up: this module imports nothing heavy; a command imports what it uses.
-``rl-gap fit|validate|test|predict --help`` is replayed from a recorded spec of
-LightningCLI's parser (:mod:`rl_gap.help_spec`) without importing torch or Lightning;
-any other ``--help`` line is printed from a cache once it has been built
-(:mod:`rl_gap.help_cache`).
+``rl-gap <command> --help`` is replayed from a recorded spec of the command's
+parser (:mod:`rl_gap.help_spec`) without importing torch or Lightning; any other
+``--help`` line is printed from a cache once it has been built (:mod:`rl_gap.help_cache`).
 """
 
 from __future__ import annotations
@@ -97,6 +96,12 @@ def run_training_command(argv: list[str] | None) -> int:
     return 0
 
 
+def _replayed_help(command: str) -> bool:
+    from rl_gap import help_spec
+
+    return help_spec.print_help(command)
+
+
 def _training_help(command: str, argv: list[str] | None) -> int:
     """``rl-gap <command> --help`` replayed from the help spec, else live (which records it)."""
     from rl_gap import help_spec
@@ -122,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0 if words else 2
     if words[0] in COMMANDS:
+        if words[1:] in (["--help"], ["-h"]) and _replayed_help(words[0]):
+            return 0
         # main(argv) from Python raises; the console command prints input errors in one line
         with cached_help(words):
             return _run_command(words[0], words[1:], one_line_errors=argv is None)

@@ -1,14 +1,16 @@
-"""``rl-gap fit|validate|test|predict --help`` without importing torch or Lightning.
+"""``rl-gap <command> --help`` without importing torch or Lightning.
 
 LightningCLI builds its help from a parser that needs torch, Lightning and every
 module class: seconds of imports for a page of text. This module stores the
-*structure* of those four help pages (usage actions, groups, each option's
-invocation and its expanded help text, as jsonargparse formats them) in a spec
-file, and replays it through the standard library's ``argparse.HelpFormatter``,
-which wraps the text to the terminal width exactly as the live parser would.
+*structure* of the help pages of ``fit``, ``validate``, ``test``, ``predict`` and
+of the plain sub-commands (``extrapolate``, ``evaluate``, ...): usage actions,
+groups, each option's invocation and its expanded help text, as jsonargparse or
+argparse format them. It replays them through the standard library's
+``argparse.HelpFormatter``, which wraps the text to the terminal width exactly as
+the live parser would.
 
 The spec is written by ``python -m rl_gap.help_spec`` (``make venv`` runs it after
-the install) and by any live ``rl-gap <command> --help``. It is used only while
+the install) and by any live ``rl-gap fit|validate|test|predict --help``. It is used only while
 its key matches; the key covers every input of the text:
 
 - the Python version (argparse's layout);
@@ -34,6 +36,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 COMMANDS = ("fit", "validate", "test", "predict")
@@ -143,7 +146,11 @@ def render(page: dict[str, Any], prog: str | None = None) -> str:
         indent_increment=page["indent_increment"],
         max_help_position=page["max_help_position"],
     )
-    formatter.add_usage(page["usage"], [actions[i] for i in page["usage_actions"]], [])
+    exclusive = [
+        SimpleNamespace(required=g["required"], _group_actions=[actions[i] for i in g["actions"]])
+        for g in page.get("exclusive", [])
+    ]
+    formatter.add_usage(page["usage"], [actions[i] for i in page["usage_actions"]], exclusive)
     formatter.add_text(page["description"])
     for group in page["groups"]:
         formatter.start_section(group["title"])
@@ -208,8 +215,6 @@ def _recording_formatter(base: type, invocations: dict, texts: dict, usage: list
         def _format_actions_usage(self, actions, groups):
             if not usage:  # the first call formats every usage action at once
                 usage.append(list(actions))
-                if any(group._group_actions for group in groups):
-                    raise ValueError("mutually exclusive groups are not recorded")
             return super()._format_actions_usage(actions, groups)
 
     return Recorder
@@ -241,8 +246,9 @@ def _action_record(action, formatter, invocations, texts) -> dict[str, Any]:
     }
 
 
-def record_page(parser, program: str) -> tuple[dict[str, Any], str]:
-    """(stored page, the live help text) of a jsonargparse parser."""
+def record_page(parser, program: str | None = None) -> tuple[dict[str, Any], str]:
+    """(stored page, the live help text) of an argparse/jsonargparse parser; a prog that
+    starts with ``program`` is stored with the program name left open."""
     invocations: dict[int, str] = {}
     texts: dict[int, str] = {}
     usage: list[list] = []
@@ -255,12 +261,14 @@ def record_page(parser, program: str) -> tuple[dict[str, Any], str]:
     formatter = live_class(prog=parser.prog)
     table: dict[int, int] = {}
     records: list[dict[str, Any]] = []
-    for action in [*usage[0], *(a for g in parser._action_groups for a in g._group_actions)]:
+    exclusive = parser._mutually_exclusive_groups
+    grouped = [a for g in [*parser._action_groups, *exclusive] for a in g._group_actions]
+    for action in [*usage[0], *grouped]:
         if id(action) not in table:
             table[id(action)] = len(records)
             records.append(_action_record(action, formatter, invocations, texts))
     prog = parser.prog
-    if prog.startswith(program):
+    if program and prog.startswith(program):
         prog = PROG + prog[len(program) :]
     page = {
         "prog": prog,
@@ -278,6 +286,13 @@ def record_page(parser, program: str) -> tuple[dict[str, Any], str]:
             }
             for group in parser._action_groups
         ],
+        "exclusive": [
+            {
+                "required": bool(group.required),
+                "actions": [table[id(a)] for a in group._group_actions],
+            }
+            for group in exclusive
+        ],
         "actions": records,
     }
     return page, live
@@ -293,7 +308,22 @@ def record_spec(top_parser, program: str) -> dict[str, Any]:
         if replayed != live:  # a layout this replay does not reproduce: store nothing
             raise ValueError(f"the stored help of {name!r} differs from the live help")
         commands[name] = page
-    return {"format": FORMAT, "key": current_key(), "commands": commands}
+    return {"format": FORMAT, "key": current_key(), "commands": {**commands, **plain_pages()}}
+
+
+def plain_pages() -> dict[str, dict[str, Any]]:
+    """The help pages of the plain sub-commands (``evaluate``, ``extrapolate``, ...), each
+    checked against its live text (a page this replay does not reproduce is left out)."""
+    from rl_gap.cli import build_parser
+    from rl_gap.commands import COMMANDS as PLAIN
+
+    pages = {}
+    for name in PLAIN:
+        parser, _ = build_parser(name)
+        page, live = record_page(parser)
+        if render(page) == live:
+            pages[name] = page
+    return pages
 
 
 def write_spec(spec: dict[str, Any]) -> Path | None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from rl_gap import help_spec
-from rl_gap.cli import main
+from rl_gap.cli import build_parser, main
+from rl_gap.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 STALE_PAGE = {
@@ -61,7 +62,7 @@ def test_a_stale_spec_is_detected_and_rewritten(live):
     assert live["printed"].startswith("usage: rl-gap [options] fit [-c CONFIG]")
     assert "--trainer.max_epochs MAX_EPOCHS" in live["printed"]
     assert live["spec"]["key"] == live["key"] != "0" * 64
-    assert sorted(live["spec"]["commands"]) == sorted(help_spec.COMMANDS)
+    assert sorted(live["spec"]["commands"]) == sorted([*help_spec.COMMANDS, *COMMANDS])
     assert help_spec.render(live["spec"]["commands"]["fit"], "rl-gap") == live["printed"]
 
 
@@ -74,12 +75,23 @@ def test_replay_equals_the_live_help_at_every_width(live, monkeypatch, command, 
     assert help_spec.render(live["spec"]["commands"][command], "rl-gap") == expected
 
 
+@pytest.mark.parametrize("columns", [40, 80, 143])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_plain_commands_replay_their_argparse_help(live, monkeypatch, command, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert (
+        help_spec.render(live["spec"]["commands"][command])
+        == build_parser(command)[0].format_help()
+    )
+
+
 def test_a_fresh_process_replays_the_help_without_torch_or_lightning(live):
     code = (
         "import json, sys\n"
         "sys.argv[0] = 'rl-gap'\n"
         "from rl_gap.cli import main\n"
         "assert main(['fit', '--help']) == 0\n"
+        "assert main(['extrapolate', '--help']) == 0\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     env = {**os.environ, "RL_GAP_HELP_SPEC": str(live["file"]), "COLUMNS": "80"}
@@ -90,7 +102,8 @@ def test_a_fresh_process_replays_the_help_without_torch_or_lightning(live):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed, _, modules = proc.stdout.rpartition("\n[")
-    assert printed + "\n" == live["printed"]
+    extrapolate = build_parser("extrapolate")[0].format_help()
+    assert printed + "\n" == live["printed"] + extrapolate
     loaded = {name.split(".")[0] for name in json.loads("[" + modules)}
     assert loaded & {"torch", "lightning", "jsonargparse", "numpy"} == set()
 
