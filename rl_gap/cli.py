@@ -97,17 +97,22 @@ def run_training_command(argv: list[str] | None) -> int:
 
 
 def _replayed_help(command: str) -> bool:
+    """Print ``rl-gap <command> --help`` from the help spec and exit 0 (as argparse's help
+    does), or return False when the spec holds no valid page for it."""
     from rl_gap import help_spec
 
-    return help_spec.print_help(command)
+    if help_spec.print_help(command):
+        raise SystemExit(0)
+    return False
 
 
 def _training_help(command: str, argv: list[str] | None) -> int:
     """``rl-gap <command> --help`` replayed from the help spec, else live (which records it)."""
     from rl_gap import help_spec
 
-    if help_spec.print_help(command):
-        return 0
+    _replayed_help(command)
+    if not help_spec.enabled():
+        return run_training_command(argv)
     with help_spec.recording():
         return run_training_command(argv)
 
@@ -127,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0 if words else 2
     if words[0] in COMMANDS:
-        if words[1:] in (["--help"], ["-h"]) and _replayed_help(words[0]):
-            return 0
+        if words[1:] in (["--help"], ["-h"]):
+            _replayed_help(words[0])
         # main(argv) from Python raises; the console command prints input errors in one line
         with cached_help(words):
             return _run_command(words[0], words[1:], one_line_errors=argv is None)

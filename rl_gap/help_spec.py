@@ -175,9 +175,14 @@ def load_valid_spec() -> dict[str, Any] | None:
     return None
 
 
+def enabled() -> bool:
+    """Replay and recording are on unless ``RL_GAP_HELP_CACHE=0``."""
+    return os.environ.get("RL_GAP_HELP_CACHE") != "0"
+
+
 def print_help(command: str) -> bool:
     """Print ``rl-gap <command> --help`` from a valid spec; False when there is none."""
-    if os.environ.get("RL_GAP_HELP_CACHE") == "0":
+    if not enabled():
         return False
     spec = load_valid_spec()
     page = (spec or {}).get("commands", {}).get(command)

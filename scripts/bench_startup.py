@@ -72,7 +72,7 @@ def _record_spec(checkout: Path, spec: str) -> bool:
     proc = subprocess.run(
         [sys.executable, "-m", "rl_gap.help_spec", "--out", spec],
         cwd=checkout,
-        env=_env(checkout, None),
+        env=_env(checkout, os.path.dirname(spec)),
         capture_output=True,
     )
     return proc.returncode == 0
