@@ -5,8 +5,9 @@
 linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
 
 Start-up: this module imports nothing heavy; a command imports what it uses.
-``--help`` of any command is printed from a cache once it has been built
-(:mod:`rl_gap.help_cache`): LightningCLI's help alone needs torch and Lightning.
+``rl-gap <command> --help`` is replayed from a recorded spec of the command's
+parser (:mod:`rl_gap.help_spec`) without importing torch or Lightning; any other
+``--help`` line is printed from a cache once it has been built (:mod:`rl_gap.help_cache`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def usage() -> str:
     )
 
 
-def _run_training_command(argv: list[str] | None) -> int:
+def run_training_command(argv: list[str] | None) -> int:
     from rl_gap.training.stop_request import listen_for_sigterm
 
     listen_for_sigterm()  # a SIGTERM while torch/Lightning load is recorded, not fatal
@@ -93,6 +94,27 @@ def _run_training_command(argv: list[str] | None) -> int:
     # LightningCLI reads sys.argv itself when called from the console script.
     run_lightning_cli(argv)
     return 0
+
+
+def _replayed_help(command: str) -> bool:
+    """Print ``rl-gap <command> --help`` from the help spec and exit 0 (as argparse's help
+    does), or return False when the spec holds no valid page for it."""
+    from rl_gap import help_spec
+
+    if help_spec.print_help(command):
+        raise SystemExit(0)
+    return False
+
+
+def _training_help(command: str, argv: list[str] | None) -> int:
+    """``rl-gap <command> --help`` replayed from the help spec, else live (which records it)."""
+    from rl_gap import help_spec
+
+    _replayed_help(command)
+    if not help_spec.enabled():
+        return run_training_command(argv)
+    with help_spec.recording():
+        return run_training_command(argv)
 
 
 def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
@@ -110,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0 if words else 2
     if words[0] in COMMANDS:
+        if words[1:] in (["--help"], ["-h"]):
+            _replayed_help(words[0])
         # main(argv) from Python raises; the console command prints input errors in one line
         with cached_help(words):
             return _run_command(words[0], words[1:], one_line_errors=argv is None)
@@ -117,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         # LightningCLI's own error would list only the training commands
         print(f"rl-gap: error: unknown command {words[0]!r}\n\n{usage()}", end="", file=sys.stderr)
         return 2
+    if words[1:] in (["--help"], ["-h"]):
+        return _training_help(words[0], argv)
     with cached_help(words):
-        return _run_training_command(argv)
+        return run_training_command(argv)
 
 
 if __name__ == "__main__":

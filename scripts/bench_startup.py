@@ -5,11 +5,13 @@
     python scripts/bench_startup.py --importtime "fit --help" --top 15
 
 Each figure is the median wall time of fresh processes (``python -m rl_gap.cli ...``
-or ``python -c "import ..."``). ``--help`` runs twice over: "cold" with an empty
-help cache (the first call on a machine, every import paid) and "warm" (the
-cache written by the previous call, :mod:`rl_gap.help_cache`). The last column
-divides by ``import torch`` measured in the same run, which makes figures from
-a loaded machine comparable. "rl_gap.losses beyond torch" is the cumulative
+or ``python -c "import ..."``). ``--help`` runs three ways: "live" with replay and
+cache off (``RL_GAP_HELP_CACHE=0``: every import paid), "fresh install" with the
+help spec that the install records (:mod:`rl_gap.help_spec`, built here once before
+the runs) and an empty help cache, and "repeat" with the cache written by the previous
+call (:mod:`rl_gap.help_cache`). The last column divides "fresh install" by
+``import torch`` measured in the same run, which makes figures from a loaded
+machine comparable. "rl_gap.losses beyond torch" is the cumulative
 ``-X importtime`` of ``rl_gap.losses`` imported after ``torch`` (what the package
 adds). ``--importtime`` lists the top-level packages with the largest cumulative
 import time for one command (nested packages are counted inside their importer).
@@ -38,20 +40,26 @@ CASES = {
 }
 
 
-def _env(checkout: Path, cache: str | None) -> dict[str, str]:
+def _env(checkout: Path, cache: str | None, spec: str | None = None) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(checkout), "WANDB_MODE": "offline"}
+    env.pop("RL_GAP_HELP_SPEC", None)
     if cache is None:
         env["RL_GAP_HELP_CACHE"] = "0"
     else:
         env["RL_GAP_CACHE_DIR"] = cache
         env.pop("RL_GAP_HELP_CACHE", None)
+    if spec is not None:
+        env["RL_GAP_HELP_SPEC"] = spec
     return env
 
 
-def _run(args: list[str], checkout: Path, cache: str | None) -> float:
+def _run(args: list[str], checkout: Path, cache: str | None, spec: str | None = None) -> float:
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, *args], cwd=checkout, env=_env(checkout, cache), capture_output=True
+        [sys.executable, *args],
+        cwd=checkout,
+        env=_env(checkout, cache, spec),
+        capture_output=True,
     )
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
@@ -59,34 +67,51 @@ def _run(args: list[str], checkout: Path, cache: str | None) -> float:
     return elapsed
 
 
+def _record_spec(checkout: Path, spec: str) -> bool:
+    """Record the help spec as an install does; False for a checkout without rl_gap.help_spec."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl_gap.help_spec", "--out", spec],
+        cwd=checkout,
+        env=_env(checkout, os.path.dirname(spec)),
+        capture_output=True,
+    )
+    return proc.returncode == 0
+
+
 def measure(checkout: Path, repeats: int) -> dict[str, dict[str, float]]:
-    """{case: {"cold": s, "warm": s}} medians; imports have "cold" only."""
+    """{case: {"live": s, "fresh": s, "repeat": s}} medians; imports have "fresh" only."""
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        spec = os.path.join(tmp, "help_spec.json")
+        if not _record_spec(checkout, spec):
+            spec = os.path.join(tmp, "absent.json")
         for name, args in CASES.items():
-            help_case = "--help" in args
-            cold = []
-            for i in range(repeats):
-                cache = os.path.join(tmp, f"{name}-{i}") if help_case else None
-                cold.append(_run(args, checkout, cache))
-            figures[name] = {"cold": statistics.median(cold)}
-            if help_case:
-                warm_cache = os.path.join(tmp, f"{name}-0")  # filled by the first cold run
-                warm = [_run(args, checkout, warm_cache) for _ in range(repeats)]
-                figures[name]["warm"] = statistics.median(warm)
+            if "--help" not in args:
+                figures[name] = {"fresh": statistics.median(
+                    _run(args, checkout, None) for _ in range(repeats)
+                )}  # fmt: skip
+                continue
+            live = [_run(args, checkout, None) for _ in range(repeats)]
+            caches = [os.path.join(tmp, f"{name}-{i}") for i in range(repeats)]
+            fresh = [_run(args, checkout, cache, spec) for cache in caches]
+            repeat = [_run(args, checkout, caches[0], spec) for _ in range(repeats)]
+            figures[name] = {
+                "live": statistics.median(live),
+                "fresh": statistics.median(fresh),
+                "repeat": statistics.median(repeat),
+            }
     return figures
 
 
 def importtime_rows(args: list[str], checkout: Path) -> list[tuple[float, str]]:
     """(cumulative s, module as printed, indentation kept) of ``python -X importtime args``."""
-    with tempfile.TemporaryDirectory() as tmp:  # an empty help cache: the imports happen
-        proc = subprocess.run(
-            [sys.executable, "-X", "importtime", *args],
-            cwd=checkout,
-            env=_env(checkout, tmp),
-            capture_output=True,
-            text=True,
-        )
+    proc = subprocess.run(  # help replay and cache off: the imports happen
+        [sys.executable, "-X", "importtime", *args],
+        cwd=checkout,
+        env=_env(checkout, None),
+        capture_output=True,
+        text=True,
+    )
     rows = []
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -115,15 +140,16 @@ def losses_beyond_torch(checkout: Path) -> float:
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     lines = [
-        "| checkout | command | cold s | warm (cached help) s | cold / import torch |",
-        "|---|---|---|---|---|",
+        "| checkout | command | live s | fresh install s | repeat s | fresh / import torch |",
+        "|---|---|---|---|---|---|",
     ]
     for label, figures in results.items():
-        torch_s = figures["import torch"]["cold"]
+        torch_s = figures["import torch"]["fresh"]
         for name, f in figures.items():
-            warm = f"{f['warm']:.2f}" if "warm" in f else "-"
+            live, repeat = (f"{f[k]:.2f}" if k in f else "-" for k in ("live", "repeat"))
             lines.append(
-                f"| {label} | `{name}` | {f['cold']:.2f} | {warm} | {f['cold'] / torch_s:.2f} |"
+                f"| {label} | `{name}` | {live} | {f['fresh']:.2f} | {repeat} "
+                f"| {f['fresh'] / torch_s:.2f} |"
             )
     return "\n".join(lines)
 

@@ -16,6 +16,7 @@ _EXPORTS = {
     "create_backbone": ".encoder",
     "CLIPEncoder": ".clip",
     "PretrainedWeightsUnavailable": ".pretrained",
+    "weights_from_checkpoint": ".pretrained",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "SmallConvNet",
     "create_backbone",
     "load_backbone_weights",
+    "weights_from_checkpoint",
 ]
 
 if TYPE_CHECKING:
@@ -35,4 +37,4 @@ if TYPE_CHECKING:
         create_backbone,
         load_backbone_weights,
     )
-    from rl_gap.models.pretrained import PretrainedWeightsUnavailable
+    from rl_gap.models.pretrained import PretrainedWeightsUnavailable, weights_from_checkpoint

@@ -20,7 +20,13 @@ import torch
 from timm.models import register_model
 from torch import nn
 
-from rl_gap.models.pretrained import fetching, hf_hub_cache, is_hub_name, torch_hub_checkpoints
+from rl_gap.models.pretrained import (
+    fetching,
+    hf_hub_cache,
+    is_hub_name,
+    torch_hub_checkpoints,
+    weights_come_from_checkpoint,
+)
 from rl_gap.precision import full_precision_normalize
 
 log = logging.getLogger(__name__)
@@ -137,6 +143,8 @@ def create_backbone(name: str, pretrained: bool, in_chans: int = 3, **kwargs: An
     """
     if not is_hub_name(name) and not timm.is_model(name):
         raise ValueError(f"unknown timm backbone {name!r} (see timm.list_models())")
+    if weights_come_from_checkpoint():  # the architecture alone; a checkpoint brings weights
+        name, pretrained = registry_name(name), False
     if not pretrained:
         with fetching(f"of the timm model {name!r}", [hf_hub_cache()]):  # a Hub config
             return timm.create_model(
@@ -147,6 +155,19 @@ def create_backbone(name: str, pretrained: bool, in_chans: int = 3, **kwargs: An
         model = timm.create_model(name, pretrained=True, in_chans=in_chans, **kwargs)
     model.reset_classifier(0)
     return model
+
+
+def registry_name(name: str) -> str:
+    """``hf-hub:timm/<name>`` as the timm registry name it was pushed from, when timm's own
+    config of ``<name>`` points at that repository (no Hub look-up); any other name as given."""
+    if not is_hub_name(name):
+        return name
+    repo = name.split(":", 1)[1]
+    org, _, model = repo.partition("/")
+    if org != "timm" or not timm.is_model(model):
+        return name
+    config = timm.models.get_pretrained_cfg(model)
+    return model if config is not None and config.hf_hub_id == repo else name
 
 
 class EmbeddingEncoder(nn.Module):
@@ -188,7 +209,7 @@ class EmbeddingEncoder(nn.Module):
         self.backbone = create_backbone(
             backbone, pretrained, in_chans=in_chans, **(backbone_kwargs or {})
         )
-        if weights:
+        if weights and not weights_come_from_checkpoint():
             load_backbone_weights(self.backbone, load_state_dict_file(weights), str(weights))
         features = int(self.backbone.num_features)
         if dim < 0:

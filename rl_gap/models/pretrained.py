@@ -6,6 +6,15 @@ or ``$HF_HUB_CACHE``); timm's older URL weights go to torch.hub's cache
 ``HF_HUB_OFFLINE=1`` only the cache is read. A name that the cache does not hold
 and that cannot be downloaded raises :class:`PretrainedWeightsUnavailable`, one
 line naming the caches that were searched.
+
+Evaluating a checkpoint (``rl-gap validate|test|predict --ckpt_path``) builds the
+model inside :func:`weights_from_checkpoint`: the checkpoint replaces every weight,
+so named weights and weight files are not read at all (an offline node needs no
+cache). The architecture and the preprocessing (CLIP's mean/std) are taken from
+the names' static configs, the same ones the trained run resolved: timm's model
+registry for ``resnet50.tv_in1k`` and for ``hf-hub:timm/<registered name>``,
+open_clip's pretrained registry for a tag such as ``openai``. Other Hub names
+carry their architecture in the Hub repository, which is read from the cache.
 """
 
 from __future__ import annotations
@@ -13,8 +22,28 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 HF_HUB_PREFIXES = ("hf-hub:", "hf_hub:")
+
+
+_FROM_CHECKPOINT: ContextVar[bool] = ContextVar("rl_gap_weights_from_checkpoint", default=False)
+
+
+@contextmanager
+def weights_from_checkpoint(active: bool = True) -> Iterator[None]:
+    """Models built inside take every weight from a checkpoint loaded afterwards: no named
+    pretrained weights are fetched and no weight file is read (see the module docstring)."""
+    token = _FROM_CHECKPOINT.set(bool(active))
+    try:
+        yield
+    finally:
+        _FROM_CHECKPOINT.reset(token)
+
+
+def weights_come_from_checkpoint() -> bool:
+    """True inside :func:`weights_from_checkpoint`."""
+    return _FROM_CHECKPOINT.get()
 
 
 class PretrainedWeightsUnavailable(RuntimeError):

@@ -69,6 +69,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.callbacks.speed import TrainingSpeed
+from rl_gap.models.pretrained import weights_from_checkpoint
 from rl_gap.modules.base import RankingModule
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.fault_tolerance import (
@@ -171,6 +172,14 @@ class RLGapCLI(LightningCLI):
         die_with_launcher()
         kwargs.setdefault("parser_class", RLGapArgumentParser)
         super().__init__(*args, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        # validate/test/predict --ckpt_path: the checkpoint replaces every weight, so named
+        # pretrained weights are not fetched (rl_gap.models.pretrained.weights_from_checkpoint)
+        sub = self.config.get("subcommand")
+        evaluating = sub in ("validate", "test", "predict") and self.config[sub].get("ckpt_path")
+        with weights_from_checkpoint(bool(evaluating)):
+            super().instantiate_classes()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(

@@ -14,40 +14,14 @@ import torch.nn.functional as F
 from rl_gap.models.clip import (
     CLIPEncoder,
     fill_template,
-    load_state_dict_file,
     resolve_model_config,
     tiny_clip_config,
 )
 from rl_gap.modules.clip_finetune import (
-    CLIPFineTuneModule,
     caption_group_relevance,
     dedupe_by_index,
 )
-
-CAPTIONS = [
-    "LATIN SMALL LETTER A WITH ACUTE",
-    "DIGIT ONE",
-    "GREEK CAPITAL LETTER OMEGA",
-    "LATIN CAPITAL LETTER E WITH CARON",
-]
-
-
-def tiny_module(**kwargs) -> CLIPFineTuneModule:
-    torch.manual_seed(0)
-    kwargs.setdefault("loss", {"name": "gsap", "temperature": 0.05})
-    return CLIPFineTuneModule(model_name=None, model_config=tiny_clip_config(), **kwargs)
-
-
-@pytest.fixture(scope="module")
-def saved_checkpoint(tmp_path_factory):
-    """A tiny open_clip state dict saved to disk, with a non-default logit scale."""
-    torch.manual_seed(1)
-    encoder = CLIPEncoder(None, tiny_clip_config())
-    with torch.no_grad():
-        encoder.model.logit_scale.fill_(math.log(42.0))
-    path = tmp_path_factory.mktemp("ckpt") / "tiny_clip.pt"
-    torch.save(encoder.model.state_dict(), path)
-    return path, encoder
+from tests.models.clip_helpers import CAPTIONS, tiny_module
 
 
 def test_tokenizer_is_open_clip_simple_tokenizer_offline():
@@ -86,58 +60,6 @@ def test_model_config_from_name_dict_and_json(tmp_path):
         resolve_model_config(None, {"embed_dim": 8})
     with pytest.raises(ValueError, match="model_name"):
         resolve_model_config(None, None)
-
-
-def test_loads_weights_from_local_checkpoint(saved_checkpoint):
-    path, source = saved_checkpoint
-    torch.manual_seed(123)  # a different random init, overwritten by the checkpoint
-    loaded = CLIPEncoder(None, tiny_clip_config(), pretrained=str(path))
-    for (name, p), q in zip(source.model.state_dict().items(), loaded.model.state_dict().values()):
-        assert torch.equal(p, q), name
-    assert loaded.pretrained_logit_scale == pytest.approx(math.log(42.0))
-    tokens = source.tokenize(CAPTIONS)
-    torch.testing.assert_close(loaded.encode_text(tokens), source.encode_text(tokens))
-
-
-def test_checkpoint_errors(tmp_path, saved_checkpoint):
-    with pytest.raises(FileNotFoundError, match="CLIP checkpoint not found"):
-        CLIPEncoder(None, tiny_clip_config(), pretrained=str(tmp_path / "nope.pt"))
-    path, _ = saved_checkpoint
-    with pytest.raises(ValueError, match="does not match the model architecture"):
-        CLIPEncoder(None, tiny_clip_config(layers=3), pretrained=str(path))
-
-
-def test_lightning_checkpoint_of_the_module_seeds_a_new_run(tmp_path, saved_checkpoint):
-    path, source = saved_checkpoint
-    module = tiny_module(pretrained=str(path), loss={"name": "infonce", "learnable_scale": True})
-    ckpt = tmp_path / "run.ckpt"
-    torch.save({"state_dict": module.state_dict(), "epoch": 3}, ckpt)
-    state = load_state_dict_file(ckpt)
-    assert set(state) == set(source.model.state_dict())  # loss_fn.* dropped, prefix stripped
-    again = CLIPEncoder(None, tiny_clip_config(), pretrained=str(ckpt))
-    tokens = source.tokenize(CAPTIONS)
-    torch.testing.assert_close(again.encode_text(tokens), source.encode_text(tokens))
-
-
-def test_openai_torchscript_checkpoint(tmp_path, saved_checkpoint):
-    """OpenAI's releases are TorchScript archives holding the CLIP state dict."""
-    _, source = saved_checkpoint
-
-    class Holder(torch.nn.Module):
-        def __init__(self, state):
-            super().__init__()
-            for k, v in state.items():
-                self.register_buffer(k.replace(".", "__"), v.clone())
-
-        def forward(self, x):
-            return x
-
-    # A scripted module whose state dict keys are the open_clip names.
-    scripted = torch.jit.script(Holder(source.model.state_dict()))
-    jit_path = tmp_path / "openai.pt"
-    scripted.save(str(jit_path))
-    state = load_state_dict_file(jit_path)
-    assert len(state) == len(source.model.state_dict())
 
 
 def test_infonce_scale_starts_from_pretrained_and_siglip_keeps_its_own(saved_checkpoint):

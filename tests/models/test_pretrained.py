@@ -19,6 +19,7 @@ import pytest
 import timm
 import torch
 import yaml
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
 from safetensors.torch import load_file
 
 from rl_gap.models.clip import (
@@ -75,6 +76,20 @@ case("clip_url", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url
 case("clip_url_missing", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url_missing")))
 case("clip_missing", lambda: clip_tensors(CLIPEncoder("ViT-B-32-quickgelu", pretrained="metaclip_400m")))
 results["openai_file"] = pretrained_tag_file("ViT-B-32-quickgelu", "openai")[0]
+# evaluation from a checkpoint: names the cache does not hold build offline, weights unread
+from rl_gap.models.pretrained import weights_from_checkpoint
+
+def architecture(encoder):
+    return {f"shape.{k}": torch.tensor(v.shape) for k, v in encoder.backbone.state_dict().items()}
+
+with weights_from_checkpoint():
+    case("ckpt_timm_hub", lambda: architecture(EmbeddingEncoder("hf-hub:timm/test_vit.r160_in1k", dim=0)))
+    case("ckpt_timm_tag", lambda: architecture(EmbeddingEncoder("test_vit", dim=0, pretrained=True)))
+    case("ckpt_timm_file", lambda: architecture(EmbeddingEncoder("test_vit", dim=0, weights="/absent.pt")))
+    case("ckpt_clip_tag", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="url_missing")))
+    case("ckpt_clip_mean", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="tiny_tag")))
+    case("ckpt_clip_file", lambda: clip_tensors(CLIPEncoder("rl-gap-tiny", pretrained="/absent.pt")))
+    case("ckpt_timm_other_hub", lambda: architecture(EmbeddingEncoder("hf-hub:org/absent", dim=0)))
 print(json.dumps(results))
 """
 
@@ -187,6 +202,35 @@ def test_weights_missing_offline_fail_in_one_line_naming_the_cache(offline_build
         assert str(offline_builds["home"] / "torch" / "hub" / "checkpoints") in message
 
 
+@pytest.mark.parametrize("name", ["ckpt_timm_hub", "ckpt_timm_tag", "ckpt_timm_file"])
+def test_evaluating_a_checkpoint_builds_timm_names_offline_without_their_weights(
+    offline_builds, name
+):
+    """Inside ``weights_from_checkpoint`` an uncached ``hf-hub:timm/<registered name>``, a
+    tag and a missing weights file build offline, as the architecture timm registers."""
+    loaded = _loaded(offline_builds, name)
+    reference = timm.create_model("test_vit.r160_in1k", pretrained=False, num_classes=0)
+    expected = {f"shape.{k}": list(v.shape) for k, v in reference.state_dict().items()}
+    assert {k: v.tolist() for k, v in loaded.items()} == expected
+
+
+@pytest.mark.parametrize("name", ["ckpt_clip_tag", "ckpt_clip_mean", "ckpt_clip_file"])
+def test_evaluating_a_checkpoint_builds_clip_tags_offline_with_their_preprocessing(
+    offline_builds, name
+):
+    """An uncached open_clip tag builds offline, and its registry entry still sets mean/std."""
+    loaded = _loaded(offline_builds, name)
+    mean = loaded.pop("_mean")
+    expected = [0.25] * 3 if name == "ckpt_clip_mean" else list(OPENAI_DATASET_MEAN)  # open_clip's
+    assert mean.tolist() == torch.tensor(expected).tolist()
+    assert set(loaded) == set(offline_builds["refs"]["clip_tag"])
+
+
+def test_other_hub_repositories_still_need_their_config_from_the_cache(offline_builds):
+    message = offline_builds["results"]["ckpt_timm_other_hub"]
+    assert message.startswith("PretrainedWeightsUnavailable: cannot load pretrained weights")
+
+
 def test_contradicting_or_unknown_names_are_refused():
     with pytest.raises(ValueError, match="either weights"):
         EmbeddingEncoder("rl_gap_convnet", weights="w.safetensors", pretrained=True)
@@ -216,3 +260,105 @@ def test_paper_recipes_name_the_papers_pretrained_weights():
         assert (args["model_name"], args["pretrained"]) == ("ViT-B-32-quickgelu", "openai")
     entry = open_clip.get_pretrained_cfg("ViT-B-32-quickgelu", "openai")
     assert entry["quick_gelu"] and "openai" in entry["hf_hub"]
+
+
+EVALUATE_OFFLINE = r"""
+import json, sys
+import open_clip, torch
+from safetensors.torch import save_file
+from rl_gap.models.clip import tiny_clip_config
+from rl_gap.training.cli import run_lightning_cli
+
+open_clip.pretrained._PRETRAINED["rl-gap-tiny"] = {
+    "tiny_tag": open_clip.pretrained._pcfg(hf_hub="rl-gap-test/tiny-clip-tag/", mean=(0.25,) * 3)
+}
+open_clip.factory._MODEL_CONFIGS["rl-gap-tiny"] = tiny_clip_config()
+stage, out, root = sys.argv[1:4]
+common = [
+    "--output_dir", out, "--wandb", "off", "--trainer.max_epochs", "1",
+    "--trainer.limit_train_batches", "1", "--trainer.limit_val_batches", "1",
+    "--trainer.limit_predict_batches", "1", "--trainer.check_val_every_n_epoch", "1",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+]
+runs = {
+    "ml": [
+        "--config", f"{root}/recipes/demo/mnist_gsap.yaml", *common, "--run_name", "ml",
+        "--model.init_args.backbone", "hf-hub:timm/test_resnet.r160_in1k",
+        "--model.init_args.backbone_kwargs", "null", "--model.init_args.eval_plots", "false",
+        "--data.init_args.eval_batch_size", "100",
+    ],
+    "clip": [
+        "--config", f"{root}/recipes/demo/glyphs_gsap.yaml", *common, "--run_name", "clip",
+        "--model.init_args.model_config", "null", "--model.init_args.model_name", "rl-gap-tiny",
+        "--model.init_args.pretrained", "tiny_tag",
+    ],
+}
+generator = torch.Generator().manual_seed(0)
+digits, pictures = torch.rand(4, 1, 28, 28, generator=generator), torch.rand(4, 3, 32, 32, generator=generator)
+outputs = {}
+for name, argv in runs.items():
+    ckpt = f"{out}/{name}/checkpoints/last.ckpt"
+    commands = [["fit"]] if stage == "fit" else [["validate", "--ckpt_path", ckpt], ["predict", "--ckpt_path", ckpt]]
+    for command in commands:
+        module = run_lightning_cli([command[0], *argv, *command[1:]]).model.eval()
+        with torch.no_grad():
+            if name == "ml":
+                outputs[f"ml_{command[0]}"] = module.encoder(digits)
+            else:
+                clip = module.clip
+                outputs[f"image_{command[0]}"] = clip.encode_image(pictures)
+                outputs[f"text_{command[0]}"] = clip.encode_text(clip.tokenize(["a glyph", "b"]))
+                outputs[f"mean_{command[0]}"] = torch.tensor(clip.mean + clip.std)
+save_file({k: v.contiguous() for k, v in outputs.items()}, f"{out}/{stage}.safetensors")
+"""
+
+
+@pytest.mark.slow
+def test_checkpoints_of_named_weight_runs_evaluate_offline_without_a_cache(tmp_path):
+    """fit with ``hf-hub:timm/...`` / an open_clip tag from a filled cache; then validate and
+    predict the checkpoints with ``HF_HUB_OFFLINE=1`` and empty caches: same outputs, bit for bit,
+    and CLIP's preprocessing still the tag's."""
+    home = tmp_path / "filled"
+    resnet = scrambled(timm.create_model("test_resnet", pretrained=False).state_dict(), 6)
+    resnet = {k: v.abs() + 0.5 if k.endswith("running_var") else v for k, v in resnet.items()}
+    write_hub_repo(
+        home / "hub",
+        "timm/test_resnet.r160_in1k",
+        {"config.json": _timm_config("test_resnet"), "model.safetensors": resnet},
+    )
+    clip = CLIPEncoder(None, tiny_clip_config()).model.state_dict()
+    write_hub_repo(
+        home / "hub",
+        "rl-gap-test/tiny-clip-tag",
+        {"open_clip_model.safetensors": scrambled(clip, 7)},
+    )
+    out = tmp_path / "runs"
+    for stage, hf_home in (("fit", home), ("evaluate", tmp_path / "empty")):
+        hf_home.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "HF_HOME": str(hf_home),
+            "HF_HUB_OFFLINE": "1",
+            "TORCH_HOME": str(hf_home / "torch"),
+            "HOME": str(hf_home),
+            "PYTHONPATH": str(ROOT),
+        }
+        env.pop("HF_HUB_CACHE", None)
+        proc = subprocess.run(
+            [sys.executable, "-c", EVALUATE_OFFLINE, stage, str(out), str(ROOT)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    fetched = [p for p in (tmp_path / "empty").rglob("*") if p.suffix in (".safetensors", ".bin")]
+    assert fetched == [] and not (tmp_path / "empty" / "hub").exists()
+    trained = load_file(str(out / "fit.safetensors"))
+    evaluated = load_file(str(out / "evaluate.safetensors"))
+    assert (
+        trained["mean_fit"].tolist() == torch.tensor([0.25] * 3 + list(OPENAI_DATASET_STD)).tolist()
+    )
+    for key, value in trained.items():
+        for command in ("validate", "predict"):
+            assert torch.equal(evaluated[key.replace("_fit", f"_{command}")], value), (key, command)
