@@ -85,10 +85,9 @@ class MoCoV3Module(RankingModule):
         weight_decay: applied to ≥2-D parameters only (MoCo v3's 0.1).
         momentum_sgd: the SGD/LARS momentum, which :class:`RankingModule` calls
             ``momentum``: here ``momentum`` is the momentum encoder's coefficient.
-        **kwargs: :class:`RankingModule` settings: ``optimizer``, ``betas``,
-            ``scheduler``, ``warmup``, ``min_lr_ratio``, ``lr_scales``, ``shard_loss``,
-            ``micro_batch_size`` (the queries are cached, the keys computed once),
-            ``allow_split_batch``.
+        **kwargs: :class:`RankingModule` settings: ``optimizer``, ``betas``, ``scheduler``,
+            ``warmup``, ``min_lr_ratio``, ``lr_scales``, ``shard_loss``, ``allow_split_batch``,
+            ``micro_batch_size`` (the queries are cached, the keys computed once).
     """
 
     def __init__(
@@ -117,13 +116,9 @@ class MoCoV3Module(RankingModule):
         momentum_sgd: float = 0.9,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            loss=dict(loss or DEFAULT_LOSS),
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum_sgd,  # ``momentum`` is this module's encoder coefficient
-            **kwargs,
-        )
+        # the base's ``momentum`` is the optimizer's: here that is ``momentum_sgd``
+        super().__init__(loss=dict(loss or DEFAULT_LOSS), lr=lr, weight_decay=weight_decay,
+                         momentum=momentum_sgd, **kwargs)  # fmt: skip
         self.save_hyperparameters()
         # Validate the schedule settings now rather than at the first step.
         momentum_coefficient(0, 1, momentum, momentum_schedule)
