@@ -1,7 +1,8 @@
 """Optimizers and learning-rate schedules built from recipe settings.
 
-Optimizers register by name (``@register_optimizer("lars")``) like losses do.
-Parameters with fewer than two dimensions (biases, norm scales, a loss's
+Optimizers register by name (``@register_optimizer("lars")``) like losses do. A
+training module's settings (optimizer, lr, weight decay, schedule, ...) are one
+:class:`OptimizerSettings`, checked once when it is made. Parameters with fewer than two dimensions (biases, norm scales, a loss's
 logit scale/bias) get no weight decay, as in CLIP, MoCo v3 and timm.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -138,29 +140,88 @@ def _number(name: str, value: Any) -> float:
     return number
 
 
-def check_optimizer_settings(
+class OptimizerSettingsError(ValueError):
+    """An optimizer or schedule setting that would train to nonsense; the message names it."""
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """A training module's optimizer and learning-rate schedule, checked once, when made.
+
+    Every ranking module (:class:`rl_gap.modules.base.RankingModule`) takes these as
+    keyword arguments (``optimizer="sgd", lr=0.1, momentum=0.9``; a recipe's
+    ``model.init_args``) and keeps them as one object, ``module.optimizer_settings``;
+    a module may declare its own defaults for some (CLIP: ``lr=1e-5``). The defaults
+    here are :data:`OPTIMIZER_DEFAULTS`.
+
+    Attributes:
+        optimizer: a registered optimizer name (``adamw``, ``sgd``, ``lars``).
+        lr: peak learning rate.
+        weight_decay: applied to parameters with ≥ 2 dimensions only.
+        betas: AdamW betas.
+        momentum: SGD/LARS momentum (MoCo v3's module names it ``momentum_sgd``: its
+            ``momentum`` is the momentum encoder's coefficient).
+        scheduler: ``cosine`` (linear warmup then cosine), ``constant`` or ``none``.
+        warmup: warmup length in optimizer steps, or a fraction of all steps if < 1.
+        min_lr_ratio: final LR of the cosine as a fraction of ``lr``.
+        lr_scales: parameter-name prefix -> LR multiplier (e.g. a slower backbone).
+
+    Raises:
+        OptimizerSettingsError: an unknown optimizer or scheduler; ``lr`` not finite and
+            > 0; ``weight_decay`` not finite and >= 0; ``betas`` not two numbers in [0, 1);
+            ``momentum`` not in [0, 1); ``warmup`` negative, not finite, or >= 1 and not a
+            whole number of steps; ``min_lr_ratio`` outside [0, 1]; an ``lr_scales`` value
+            not finite and >= 0. Made when a module is built, so ``--model.lr nan`` fails
+            before any data is loaded instead of training to chance and exiting 0.
+    """
+
+    optimizer: str = "adamw"
+    lr: float = 1e-4
+    weight_decay: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9
+    scheduler: str = "cosine"
+    warmup: float = 0.0
+    min_lr_ratio: float = 0.0
+    lr_scales: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            _check_settings(**{f.name: getattr(self, f.name) for f in fields(self)})
+        except ValueError as err:
+            raise OptimizerSettingsError(str(err)) from None
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if self.lr_scales is not None:
+            object.__setattr__(self, "lr_scales", dict(self.lr_scales))
+
+    def optimizer_for(self, modules: Iterable[nn.Module]) -> torch.optim.Optimizer:
+        """The optimizer over the modules' trainable parameters (see :func:`param_groups`)."""
+        groups = param_groups(modules, self.weight_decay, self.lr_scales)
+        return build_optimizer(
+            self.optimizer, groups, lr=self.lr, weight_decay=self.weight_decay,
+            betas=self.betas, momentum=self.momentum,
+        )  # fmt: skip
+
+    def scheduler_for(
+        self, optimizer: torch.optim.Optimizer, total_steps: int
+    ) -> torch.optim.lr_scheduler.LambdaLR | None:
+        """The per-step learning-rate schedule over ``total_steps`` (None for ``none``)."""
+        return build_scheduler(
+            optimizer, self.scheduler, max(1, int(total_steps)), self.warmup, self.min_lr_ratio
+        )
+
+
+def _check_settings(
     optimizer: str,
     lr: float,
     weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    momentum: float = 0.9,
-    scheduler: str = "cosine",
-    warmup: float = 0.0,
-    min_lr_ratio: float = 0.0,
-    lr_scales: dict[str, float] | None = None,
+    betas: tuple[float, float],
+    momentum: float,
+    scheduler: str,
+    warmup: float,
+    min_lr_ratio: float,
+    lr_scales: dict[str, float] | None,
 ) -> None:
-    """Reject optimizer/schedule settings that would train to nonsense, naming the setting.
-
-    Called when a training module is built, so ``--model.lr nan`` fails before
-    any data is loaded instead of training to chance and exiting 0.
-
-    Raises:
-        ValueError: an unknown optimizer or scheduler; ``lr`` not finite and > 0;
-            ``weight_decay`` not finite and >= 0; ``betas`` not two numbers in
-            [0, 1); ``momentum`` not in [0, 1); ``warmup`` negative, not finite,
-            or >= 1 and not a whole number of steps; ``min_lr_ratio`` outside
-            [0, 1]; an ``lr_scales`` value not finite and >= 0.
-    """
     if str(optimizer).lower() not in _OPTIMIZERS:
         raise ValueError(
             f"unknown optimizer {optimizer!r}; known: {', '.join(available_optimizers())}"
@@ -169,7 +230,7 @@ def check_optimizer_settings(
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if not _number("weight_decay", weight_decay) >= 0:
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
-    if isinstance(betas, str) or len(tuple(betas)) != 2:
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"betas must be two numbers (beta1, beta2), got {betas!r}")
     for i, beta in enumerate(betas):
         if not 0 <= _number(f"betas[{i}]", beta) < 1:
@@ -188,6 +249,27 @@ def check_optimizer_settings(
     for prefix, scale in (lr_scales or {}).items():
         if not _number(f"lr_scales[{prefix!r}]", scale) >= 0:
             raise ValueError(f"lr_scales[{prefix!r}] must be a finite number >= 0, got {scale!r}")
+
+
+OPTIMIZER_DEFAULTS = OptimizerSettings()
+"""The settings a module gets for every key it does not set (a module's own defaults aside)."""
+
+
+def check_optimizer_settings(
+    optimizer: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = OPTIMIZER_DEFAULTS.betas,
+    momentum: float = OPTIMIZER_DEFAULTS.momentum,
+    scheduler: str = OPTIMIZER_DEFAULTS.scheduler,
+    warmup: float = OPTIMIZER_DEFAULTS.warmup,
+    min_lr_ratio: float = OPTIMIZER_DEFAULTS.min_lr_ratio,
+    lr_scales: dict[str, float] | None = None,
+) -> OptimizerSettings:
+    """The :class:`OptimizerSettings` of these values (raising its one-line error if bad)."""
+    return OptimizerSettings(
+        optimizer, lr, weight_decay, betas, momentum, scheduler, warmup, min_lr_ratio, lr_scales
+    )
 
 
 def param_groups(

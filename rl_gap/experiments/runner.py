@@ -76,10 +76,16 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
 
 
 def recipe_loss(path: str | Path) -> str:
-    """The loss name of a recipe (``model.init_args.loss.name``, registry default gsap)."""
+    """The loss name of a recipe (``model.init_args.loss``; the registry's default if none).
+
+    Raises:
+        rl_gap.losses.registry.LossSectionError: the section names an unknown loss or key.
+    """
+    from rl_gap.losses.registry import read_loss_section
+
     model = load_recipe(path)["model"]
     args = model.get("init_args", model) if isinstance(model, dict) else {}
-    return str((args.get("loss") or {}).get("name", "gsap")).lower()
+    return read_loss_section(args.get("loss")).name
 
 
 def _class_accepts(class_path: str | None, name: str) -> bool:

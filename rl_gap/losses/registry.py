@@ -1,8 +1,10 @@
 """Name -> loss class registry.
 
 A loss registers itself with ``@register_loss("name")``; nothing else needs
-editing. ``build_loss(name, **kwargs)`` instantiates it, and ``loss_from_config`` builds
-one from a recipe's ``loss:`` section: ``name`` picks the loss, a table per loss
+editing. ``build_loss(name, **kwargs)`` instantiates it, and :func:`read_loss_section`
+reads a recipe's ``loss:`` section, the one place that does (the training parser, the
+run's modules and ``rl-gap tune`` all call it; ``loss_from_config`` builds what it reads):
+``name`` picks the loss, a table per loss
 (``gsap: {temperature: 0.001}``) holds that loss's own hyperparameters, so
 swapping ``name`` alone swaps the loss *and* its hyperparameters (the new
 loss's table, else its defaults — never another loss's values); flat keys
@@ -20,7 +22,8 @@ from :mod:`rl_gap.precision`: float32 or float64 with autocast off, even inside 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch import nn
@@ -91,6 +94,152 @@ def build_loss(name: str, **kwargs: Any) -> nn.Module:
     return get_loss_class(name)(**kwargs)
 
 
+# ------------------------------------------------------------ a recipe's loss section
+DEFAULT_LOSS_NAME = "gsap"
+"""The loss a recipe gets when its ``loss:`` section names none."""
+
+
+class LossSectionError(ValueError):
+    """A ``loss:`` section that cannot be built; the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class LossSection:
+    """A recipe's ``loss:`` section as :func:`read_loss_section` read and checked it.
+
+    Attributes:
+        name: the chosen loss (lower case).
+        tables: every per-loss table as written (``{"gsap": {"temperature": 0.001}}``).
+        flat: keys written outside a table (command-line overrides): the chosen loss's.
+    """
+
+    name: str
+    tables: dict[str, dict[str, Any]]
+    flat: dict[str, Any]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The keywords the chosen loss is built with: its table, then the flat keys (which win)."""
+        return {**self.tables.get(self.name, {}), **self.flat}
+
+    def build(self) -> nn.Module:
+        """The chosen loss; its own value checks (``temperature: 0``) raise :class:`LossSectionError`."""
+        try:
+            return get_loss_class(self.name)(**self.kwargs)
+        except ValueError as err:
+            raise LossSectionError(str(err)) from err
+
+    def as_recipe(self, expand: bool = False) -> dict[str, Any]:
+        """The section with the flat keys moved into the chosen loss's table (every table kept).
+
+        ``expand=True`` also fills the chosen table with every keyword the loss is built
+        with, its defaults included: the block ``--print_config`` shows.
+        """
+        chosen = self.kwargs
+        if expand:
+            chosen = {**_init_defaults(get_loss_class(self.name)), **chosen}
+        others = {k: v for k, v in self.tables.items() if k != self.name}
+        return {"name": self.name, **others, self.name: chosen}
+
+
+def read_loss_section(
+    section: Mapping[str, Any] | None,
+    default: str = DEFAULT_LOSS_NAME,
+    recipes: Iterable[tuple[str, Any]] = (),
+) -> LossSection:
+    """Read a recipe's ``loss:`` section: the loss it chooses and the keywords it is built with.
+
+    The section is ``{name: <loss>, <loss>: {<its keywords>}, ..., <keyword>: <value>}``:
+    a key named after a registered loss is that loss's table (its own hyperparameters,
+    e.g. the values the paper or ``rl-gap tune`` gives it), any other key is a value for
+    the chosen loss itself (a command-line override). Swapping ``name`` therefore swaps the
+    hyperparameters too: the new loss's table, else its defaults, never another loss's.
+
+    Args:
+        section: the merged section (a mapping or a jsonargparse Namespace); None: ``default``.
+        default: the loss chosen when the section names none.
+        recipes: ``(file, that file's own loss section)`` of the recipe files ``section`` was
+            merged from: a file's keys outside a table belong to that file's loss, so they
+            are refused when the merged section chooses another one.
+
+    Raises:
+        LossSectionError: one line naming an unknown loss, a table that is not a mapping, a
+            table key its loss does not take, a flat key the chosen loss does not take, or a
+            recipe's flat keys that would reach a swapped-in loss. Values are checked by
+            :meth:`LossSection.build` (the loss's own checks).
+    """
+    name, tables, flat = _split(_plain_section(section), default)
+    known = available_losses()
+    if name not in known:
+        raise LossSectionError(f"unknown loss {name!r}; known losses: {', '.join(known)}")
+    for table_name, table in tables.items():
+        takes = sorted(_init_params(get_loss_class(table_name)))
+        if not isinstance(table, Mapping):
+            raise LossSectionError(
+                f"loss table {table_name!r} must be a mapping of {table_name}'s keywords "
+                f"({takes}), got {table!r}"
+            )
+        unknown = sorted(set(map(str, table)) - set(takes))
+        if unknown:
+            raise LossSectionError(
+                f"loss table {table_name!r} has unknown key(s) {unknown}; {table_name} takes {takes}"
+            )
+    _check_flat_keys(name, flat)
+    for path, own in recipes:
+        _check_recipe_keys(path, own, name, default)
+    return LossSection(name, {k: dict(v) for k, v in tables.items()}, flat)
+
+
+def _split(section: dict[str, Any], default: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(name, per-loss tables, flat keys)``, unchecked."""
+    section = dict(section)
+    name = str(section.pop("name", default)).lower()
+    known = set(available_losses())
+    tables: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
+    for key, value in section.items():
+        if key.lower() in known:
+            tables[key.lower()] = {} if value is None else value
+        else:
+            flat[key] = value
+    return name, tables, flat
+
+
+def _check_flat_keys(name: str, flat: Mapping[str, Any]) -> None:
+    own = _init_params(get_loss_class(name))
+    bad = sorted(set(flat) - own)
+    if not bad:
+        return
+    elsewhere = sorted(
+        k for k in bad if any(k in _init_params(get_loss_class(n)) for n in available_losses())
+    )
+    hint = (
+        f"; {elsewhere} belong to other losses: a key outside a per-loss table applies "
+        f"to the chosen loss, so put another loss's values in its own table "
+        f"(e.g. loss.<that loss>.{elsewhere[0]})"
+        if elsewhere
+        else f"; per-loss tables are named after registered losses ({', '.join(available_losses())})"
+    )
+    raise LossSectionError(f"loss {name!r} does not take {bad} (it takes {sorted(own)}){hint}")
+
+
+def _check_recipe_keys(path: str, own: Any, chosen: str, default: str) -> None:
+    """A recipe file's flat keys would be applied to ``chosen``, another loss than the file's."""
+    try:
+        name, _, flat = _split(_plain_section(own), default)
+    except ValueError:
+        return  # not a mapping: the merged section reports it
+    if not flat or name == chosen:
+        return
+    moved = ", ".join(f"loss.{name}.{k}" for k in sorted(flat))
+    raise LossSectionError(
+        f"{path} sets {sorted(flat)} for {name!r} outside a per-loss table, and the loss "
+        f"is now {chosen!r}: they would be applied to {chosen!r}. A loss's "
+        f"hyperparameters belong to that loss: write them as {moved} (and "
+        f"{chosen}'s own under loss.{chosen}, else its defaults are used)"
+    )
+
+
 def _init_params(cls: type) -> set[str]:
     params = inspect.signature(cls.__init__).parameters
     return {p for p in params if p != "self"}
@@ -111,100 +260,49 @@ def _plain_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
     if hasattr(config, "as_dict"):  # a jsonargparse Namespace
         config = config.as_dict()
     if not isinstance(config, Mapping):
-        raise ValueError(
+        raise LossSectionError(
             f"the loss section must be a mapping like {{name: gsap, gsap: {{...}}}}, got {config!r}"
         )
     return {str(k): (v.as_dict() if hasattr(v, "as_dict") else v) for k, v in config.items()}
 
 
+# The functions below are read_loss_section's answers in the shapes older callers use.
 def split_loss_section(
-    config: Mapping[str, Any] | None, default: str = "gsap"
+    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME
 ) -> tuple[str, dict[str, dict[str, Any]], dict[str, Any]]:
-    """``(name, per-loss tables, flat keys)`` of a recipe's ``loss:`` section, validated.
-
-    The section is ``{name: <loss>, <loss>: {<its keywords>}, ..., <keyword>: <value>}``:
-    a key named after a registered loss is that loss's table (its own
-    hyperparameters, e.g. the values the paper or ``rl-gap tune`` gives it), any
-    other key is a value for the chosen loss itself (a command-line override).
-
-    Raises:
-        ValueError: naming an unknown loss, a table that is not a mapping, a table
-            key its loss does not take, or a flat key the chosen loss does not take.
-    """
-    section = _plain_section(config)
-    name = str(section.pop("name", default)).lower()
-    cls = get_loss_class(name)
-    tables: dict[str, dict[str, Any]] = {}
-    flat: dict[str, Any] = {}
-    for key, value in section.items():
-        if key.lower() in _LOSSES:
-            if value is None:
-                value = {}
-            if hasattr(value, "as_dict"):
-                value = value.as_dict()
-            if not isinstance(value, Mapping):
-                raise ValueError(
-                    f"loss table {key!r} must be a mapping of {key}'s keywords "
-                    f"({sorted(_init_params(_LOSSES[key.lower()]))}), got {value!r}"
-                )
-            table_cls = _LOSSES[key.lower()]
-            unknown = sorted(set(map(str, value)) - _init_params(table_cls))
-            if unknown:
-                raise ValueError(
-                    f"loss table {key!r} has unknown key(s) {unknown}; "
-                    f"{key} takes {sorted(_init_params(table_cls))}"
-                )
-            tables[key.lower()] = dict(value)
-        else:
-            flat[key] = value
-    own = _init_params(cls)
-    bad = sorted(set(flat) - own)
-    if bad:
-        elsewhere = sorted(k for k in bad if any(k in _init_params(c) for c in _LOSSES.values()))
-        hint = (
-            f"; {elsewhere} belong to other losses: a key outside a per-loss table applies "
-            f"to the chosen loss, so put another loss's values in its own table "
-            f"(e.g. loss.<that loss>.{elsewhere[0]})"
-            if elsewhere
-            else f"; per-loss tables are named after registered losses ({', '.join(available_losses())})"
-        )
-        raise ValueError(f"loss {name!r} does not take {bad} (it takes {sorted(own)}){hint}")
-    return name, tables, flat
+    """``(name, per-loss tables, flat keys)`` of a checked ``loss:`` section (:func:`read_loss_section`)."""
+    section = read_loss_section(config, default)
+    return section.name, section.tables, section.flat
 
 
-def resolve_loss_config(config: Mapping[str, Any] | None, default: str = "gsap") -> dict[str, Any]:
+def resolve_loss_config(
+    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME
+) -> dict[str, Any]:
     """``{"name": name, **keywords}`` the chosen loss is built with.
 
     Precedence: the loss's own defaults < its table ``loss.<name>`` < flat keys
     (command-line overrides). Another loss's table is never used, so
     ``--model.loss.name msap`` on a gSAP recipe trains mSAP with mSAP's values.
     """
-    name, tables, flat = split_loss_section(config, default)
-    return {"name": name, **tables.get(name, {}), **flat}
+    section = read_loss_section(config, default)
+    return {"name": section.name, **section.kwargs}
 
 
 def normalize_loss_section(
-    config: Mapping[str, Any] | None, default: str = "gsap", expand: bool = False
+    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME, expand: bool = False
 ) -> dict[str, Any]:
-    """The section with flat keys moved into the chosen loss's table (every table kept).
-
-    ``expand=True`` also fills the chosen table with every keyword the loss is
-    built with (its defaults included): the block ``--print_config`` shows.
-    """
-    name, tables, flat = split_loss_section(config, default)
-    chosen = {**tables.get(name, {}), **flat}
-    if expand:
-        chosen = {**_init_defaults(get_loss_class(name)), **chosen}
-    return {"name": name, **{k: v for k, v in tables.items() if k != name}, name: chosen}
+    """The section with flat keys moved into the chosen loss's table (:meth:`LossSection.as_recipe`)."""
+    return read_loss_section(config, default).as_recipe(expand)
 
 
-def loss_from_config(config: Mapping[str, Any] | None, default: str = "gsap") -> nn.Module:
-    """Build a loss from a recipe's ``loss:`` section (see :func:`resolve_loss_config`).
+def loss_from_config(
+    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME
+) -> nn.Module:
+    """Build a loss from a recipe's ``loss:`` section (see :func:`read_loss_section`).
 
     ``{name: msap, gsap: {temperature: 0.001, neg_drop: 0.9}, msap: {temperature: 0.01}}``
     builds ``msap(temperature=0.01)``; ``{name: gsoftbin, num_bins: 20}`` (flat keys,
     as from the command line) builds ``gsoftbin(num_bins=20)``. A key the chosen loss
-    does not take, outside another loss's table, raises ``ValueError``.
+    does not take, outside another loss's table, raises :class:`LossSectionError`.
     """
-    kwargs = resolve_loss_config(config, default)
-    return get_loss_class(kwargs.pop("name"))(**kwargs)
+    return read_loss_section(config, default).build()

@@ -2,9 +2,10 @@
 
 A subclass supplies the encoders and one method, ``global_similarity(batch)``,
 returning the (sim, rel, valid) matrices of the *global* batch (use
-``self.gather`` / ``self.gather_labels``); the base class owns the loss (from
-the registry, configured as a flat ``{name, **kwargs}`` recipe section), the
-optimizer and schedule, and logging of the loss's learnable parameters.
+``self.gather`` / ``self.gather_labels``); the base class owns the loss (the
+recipe's ``loss:`` section, read by :func:`rl_gap.losses.registry.read_loss_section`),
+the optimizer and schedule (one :class:`rl_gap.optim.OptimizerSettings`), and logging
+of the loss's learnable parameters.
 
 Sharded loss (``shard_loss``, docs/distributed.md): with more than one rank,
 a subclass that implements ``local_similarity(batch)`` (the (sim, rel, valid)
@@ -31,17 +32,13 @@ import lightning as L
 import torch
 
 from rl_gap import dist
-from rl_gap.losses import loss_from_config
+from rl_gap.losses.registry import read_loss_section
 from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.sharding import supports_sharding, warn_replicated
 from rl_gap.modules.grad_cache import cached_encode
 from rl_gap.modules.split_batch import check_split_batch, warn_batchnorm
-from rl_gap.optim import (
-    build_optimizer,
-    build_scheduler,
-    check_optimizer_settings,
-    param_groups,
-)
+from rl_gap.optim import OPTIMIZER_DEFAULTS as DEFAULTS
+from rl_gap.optim import OptimizerSettings
 
 SHARD_LOSS_MODES = ("auto", "true", "false")
 
@@ -78,9 +75,15 @@ def compile_in_place(modules: Iterable[torch.nn.Module | None]) -> None:
 class RankingModule(L.LightningModule, abc.ABC):
     """Base LightningModule: registry loss on the global batch + optimizer/scheduler.
 
+    The optimizer and schedule keywords are kept as one
+    :class:`~rl_gap.optim.OptimizerSettings` (``self.optimizer_settings``), checked
+    once here; a subclass declares its own defaults for some of them (CLIP's
+    ``lr=1e-5``) and passes the rest on as ``**kwargs``.
+
     Args:
-        loss: flat loss section, e.g. ``{"name": "gsap", "temperature": 0.01,
-            "neg_drop": 0.9}``; ``--model.loss.name msap`` swaps the loss.
+        loss: the recipe's loss section, e.g. ``{"name": "gsap", "gsap": {"temperature":
+            0.01}}`` (:func:`rl_gap.losses.registry.read_loss_section`); None: the default
+            loss; ``--model.loss.name msap`` swaps the loss.
         optimizer: a registered optimizer name (``adamw``, ``sgd``, ``lars``).
         lr: peak learning rate.
         weight_decay: applied to ≥2-D parameters only.
@@ -105,15 +108,15 @@ class RankingModule(L.LightningModule, abc.ABC):
     def __init__(
         self,
         loss: dict[str, Any] | None = None,
-        optimizer: str = "adamw",
-        lr: float = 1e-4,
-        weight_decay: float = 1e-4,
-        betas: tuple[float, float] = (0.9, 0.999),
-        momentum: float = 0.9,
-        scheduler: str = "cosine",
-        warmup: float = 0.0,
-        min_lr_ratio: float = 0.0,
-        lr_scales: dict[str, float] | None = None,
+        optimizer: str = DEFAULTS.optimizer,
+        lr: float = DEFAULTS.lr,
+        weight_decay: float = DEFAULTS.weight_decay,
+        betas: tuple[float, float] = DEFAULTS.betas,
+        momentum: float = DEFAULTS.momentum,
+        scheduler: str = DEFAULTS.scheduler,
+        warmup: float = DEFAULTS.warmup,
+        min_lr_ratio: float = DEFAULTS.min_lr_ratio,
+        lr_scales: dict[str, float] | None = DEFAULTS.lr_scales,
         shard_loss: str | bool = "auto",
         micro_batch_size: int | None = None,
         allow_split_batch: bool = False,
@@ -130,21 +133,21 @@ class RankingModule(L.LightningModule, abc.ABC):
         self.micro_batch_size = None if micro_batch_size is None else int(micro_batch_size)
         self.allow_split_batch = bool(allow_split_batch)
         # Before anything is built: `--model.lr nan` fails here, naming the setting.
-        check_optimizer_settings(
+        self.optimizer_settings = OptimizerSettings(
             optimizer, lr, weight_decay, betas, momentum, scheduler, warmup, min_lr_ratio, lr_scales
         )
-        self.loss_config = dict(loss or {"name": "gsap"})
-        self.loss_fn = loss_from_config(self.loss_config)
-        self.optim_config = dict(
-            name=optimizer, lr=lr, weight_decay=weight_decay, betas=betas, momentum=momentum
-        )
-        self.schedule_config = dict(kind=scheduler, warmup=warmup, min_lr_ratio=min_lr_ratio)
-        self.lr_scales = dict(lr_scales or {})
+        self.loss_section = read_loss_section(loss)
+        self.loss_fn = self.loss_section.build()
         self._warned_replicated = False
         if self.shard_loss == "true":
             reason = supports_sharding(self.loss_fn)
             if reason is not None:
                 raise ValueError(f"shard_loss=true: {reason}")
+
+    @property
+    def loss_config(self) -> dict[str, Any]:
+        """The loss section this module was built from, flat keys moved into their table."""
+        return self.loss_section.as_recipe()
 
     # ----------------------------------------------------------- global batch
     @staticmethod
@@ -280,13 +283,9 @@ class RankingModule(L.LightningModule, abc.ABC):
         return [self]
 
     def configure_optimizers(self):
-        cfg = dict(self.optim_config)
-        groups = param_groups(self.optimizer_modules(), cfg["weight_decay"], self.lr_scales)
-        optimizer = build_optimizer(
-            cfg.pop("name"), groups, lr=cfg.pop("lr"), weight_decay=cfg.pop("weight_decay"), **cfg
-        )
+        optimizer = self.optimizer_settings.optimizer_for(self.optimizer_modules())
         total = int(self.trainer.estimated_stepping_batches) if self._trainer else 1
-        scheduler = build_scheduler(optimizer, total_steps=max(1, total), **self.schedule_config)
+        scheduler = self.optimizer_settings.scheduler_for(optimizer, total)
         if scheduler is None:
             return optimizer
         return {

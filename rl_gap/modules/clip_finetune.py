@@ -69,8 +69,8 @@ class CLIPFineTuneModule(RankingModule):
         pretrained: local checkpoint file (open_clip state dict, open_clip
             training checkpoint, or a Lightning checkpoint of this module);
             None = random init. Never downloads.
-        loss: flat loss section (``{name: gsap, temperature: 0.001,
-            neg_drop: 0.95}``); any registered loss works.
+        loss: the loss section (``{name: gsap, gsap: {temperature: 0.001,
+            neg_drop: 0.95}}``); any registered loss works.
         scale_from_pretrained: start a learnable InfoNCE logit scale from the
             checkpoint's ``logit_scale`` (as CLIP fine-tuning continues it).
         lock_image / lock_text: freeze a tower (LiT-style).
@@ -81,9 +81,12 @@ class CLIPFineTuneModule(RankingModule):
         grad_checkpointing: activation checkpointing in both towers.
         compile: ``torch.compile`` the image tower and the text transformer (in place;
             checkpoints keep their keys).
-        optimizer, lr, weight_decay, betas, momentum, scheduler, warmup,
-        min_lr_ratio, lr_scales, shard_loss, micro_batch_size, allow_split_batch:
-            see ``RankingModule`` (with ``micro_batch_size`` both towers are cached).
+        lr: peak learning rate (CLIP fine-tuning's small default).
+        weight_decay: applied to ≥2-D parameters only (CLIP's 0.1).
+        betas: AdamW betas (CLIP's (0.9, 0.98)).
+        **kwargs: :class:`RankingModule` settings: ``optimizer``, ``momentum``,
+            ``scheduler``, ``warmup``, ``min_lr_ratio``, ``lr_scales``, ``shard_loss``,
+            ``micro_batch_size`` (both towers are cached), ``allow_split_batch``.
 
     Mixed precision is Lightning's (``trainer.precision: bf16-mixed``); the
     similarity matrix the loss ranks is always computed in float32, since
@@ -103,34 +106,12 @@ class CLIPFineTuneModule(RankingModule):
         lock_text_unlocked_layers: int = 0,
         grad_checkpointing: bool = False,
         compile: bool = False,
-        optimizer: str = "adamw",
         lr: float = 1e-5,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.98),
-        momentum: float = 0.9,
-        scheduler: str = "cosine",
-        warmup: float = 0.0,
-        min_lr_ratio: float = 0.0,
-        lr_scales: dict[str, float] | None = None,
-        shard_loss: str | bool = "auto",
-        micro_batch_size: int | None = None,
-        allow_split_batch: bool = False,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            shard_loss=shard_loss,
-            micro_batch_size=micro_batch_size,
-            allow_split_batch=allow_split_batch,
-            loss=loss,
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            betas=betas,
-            momentum=momentum,
-            scheduler=scheduler,
-            warmup=warmup,
-            min_lr_ratio=min_lr_ratio,
-            lr_scales=lr_scales,
-        )
+        super().__init__(loss=loss, lr=lr, weight_decay=weight_decay, betas=betas, **kwargs)
         self.save_hyperparameters()
         self.clip = CLIPEncoder(model_name, model_config, pretrained, grad_checkpointing)
         if lock_image:

@@ -80,10 +80,14 @@ class MoCoV3Module(RankingModule):
         grad_checkpointing: activation checkpointing in the timm backbone
             (``set_grad_checkpointing``; the momentum encoder runs without gradient).
         compile: ``torch.compile`` the online encoder, predictor and momentum encoder.
-        loss, optimizer, lr, weight_decay, betas, momentum_sgd, scheduler, warmup,
-            min_lr_ratio, lr_scales, shard_loss, micro_batch_size, allow_split_batch: see
-            :class:`RankingModule` (``momentum_sgd`` is its SGD/LARS ``momentum``; with
-            ``micro_batch_size`` the queries are cached and the keys computed once).
+        loss: the loss section; None: InfoNCE with τ = 0.2, one-sided (MoCo v3's).
+        lr: peak learning rate (MoCo v3's base 1.5e-4; scale it with the batch).
+        weight_decay: applied to ≥2-D parameters only (MoCo v3's 0.1).
+        momentum_sgd: the SGD/LARS momentum, which :class:`RankingModule` calls
+            ``momentum``: here ``momentum`` is the momentum encoder's coefficient.
+        **kwargs: :class:`RankingModule` settings: ``optimizer``, ``betas``, ``scheduler``,
+            ``warmup``, ``min_lr_ratio``, ``lr_scales``, ``shard_loss``, ``allow_split_batch``,
+            ``micro_batch_size`` (the queries are cached, the keys computed once).
     """
 
     def __init__(
@@ -107,34 +111,14 @@ class MoCoV3Module(RankingModule):
         grad_checkpointing: bool = False,
         compile: bool = False,
         loss: dict[str, Any] | None = None,
-        optimizer: str = "adamw",
         lr: float = 1.5e-4,
         weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.999),
         momentum_sgd: float = 0.9,
-        scheduler: str = "cosine",
-        warmup: float = 0.0,
-        min_lr_ratio: float = 0.0,
-        lr_scales: dict[str, float] | None = None,
-        shard_loss: str | bool = "auto",
-        micro_batch_size: int | None = None,
-        allow_split_batch: bool = False,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            shard_loss=shard_loss,
-            micro_batch_size=micro_batch_size,
-            allow_split_batch=allow_split_batch,
-            loss=dict(loss or DEFAULT_LOSS),
-            optimizer=optimizer,
-            lr=lr,
-            weight_decay=weight_decay,
-            betas=betas,
-            momentum=momentum_sgd,
-            scheduler=scheduler,
-            warmup=warmup,
-            min_lr_ratio=min_lr_ratio,
-            lr_scales=lr_scales,
-        )
+        # the base's ``momentum`` is the optimizer's: here that is ``momentum_sgd``
+        super().__init__(loss=dict(loss or DEFAULT_LOSS), lr=lr, weight_decay=weight_decay,
+                         momentum=momentum_sgd, **kwargs)  # fmt: skip
         self.save_hyperparameters()
         # Validate the schedule settings now rather than at the first step.
         momentum_coefficient(0, 1, momentum, momentum_schedule)

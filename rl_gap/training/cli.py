@@ -39,7 +39,9 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   ``--force_resume true`` (``rl_gap.training.resume``);
 - clear errors before anything is built: an empty or missing config file, a
   ``--ckpt_path`` that is not a checkpoint, a loss name or key the loss
-  registry does not know (also under ``--print_config``);
+  registry does not know (also under ``--print_config``); a bad loss or optimizer
+  value (``temperature: 0``, ``lr: -1``) as one line naming the key when the module
+  is built (``rl_gap.training.run_setup``);
 - one run per run folder: ``fit`` holds ``<run>/.rl_gap.lock`` (``rl_gap.training.run_lock``)
   for its lifetime, and a second run into the folder exits 2 naming the holder;
 - a summary of where every output went, printed when the command ends.
@@ -47,31 +49,20 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import (
-    Callback,
-    LearningRateMonitor,
-    ModelCheckpoint,
-    ProgressBar,
-    RichProgressBar,
-)
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
-from rl_gap.callbacks.speed import TrainingSpeed
 from rl_gap.models.pretrained import weights_from_checkpoint
 from rl_gap.modules.base import RankingModule
-from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
@@ -90,30 +81,16 @@ from rl_gap.training.loggers import (
     wandb_run_for,
 )
 from rl_gap.training.parser import (
-    RECIPE_LOSS_KEYS,
     RLGapArgumentParser,
     config_file_args,
     joined_negative_values,
-    recipe_flat_loss_keys,
     with_shipped_recipes,
 )
-from rl_gap.training.resume import Resume, ResumeRefused, check_resume
-from rl_gap.training.run_config import (
-    check_config_file,
-    flatten_config,
-    overrides_hash,
-    run_dir_for,
-    training_config,
-)
-from rl_gap.training.run_folder import (
-    FreshFitGuard,
-    auto_seed,
-    choose_run_dir,
-    newest,
-    versioned_message,
-)
+from rl_gap.training.resume import Resume
+from rl_gap.training.run_config import check_config_file, run_dir_for  # noqa: F401  (run_dir_for: re-export)
+from rl_gap.training.run_folder import FreshFitGuard, versioned_message
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
-from rl_gap.training.schedule_check import ValidationScheduleCheck
+from rl_gap.training.run_setup import RunSetup, resolve_run, setting_error, usage_error
 from rl_gap.training.signals import (
     STOP_EXIT_CODES,
     ignoring_sigterm,
@@ -127,40 +104,26 @@ from rl_gap.training.stop_request import (
     stop_requested,
 )
 from rl_gap.training.trainer_args import restore_integers, written_integers
+from rl_gap.training.trainer_setup import (
+    batch_ranks_error,
+    default_callbacks,
+    with_atomic_checkpoint_io,
+)
 
-
-def _fail(message: str) -> NoReturn:
-    """A usage error: one message on stderr, exit status 2 (as argparse)."""
-    sys.stderr.write(f"rl-gap: error: {message}\n")
-    raise SystemExit(2)
+_fail = usage_error
 
 
 def check_batch_divides_ranks(trainer: L.Trainer, datamodule: Any) -> None:
     """A global batch the ranks cannot share is refused before any process is started."""
-    batch = getattr(datamodule, "batch_size", None)
-    world = int(getattr(trainer, "num_devices", 1) or 1) * int(
-        getattr(trainer, "num_nodes", 1) or 1
-    )
-    shares_global_batch = getattr(datamodule, "batch_is_global", False)
-    if world > 1 and shares_global_batch and isinstance(batch, int) and batch % world:
-        _fail(
-            f"data.batch_size {batch} is the global batch and must be divisible by the "
-            f"{world} ranks (devices x nodes); use a multiple of {world}"
-        )
-
-
-def _with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
-    """The trainer's plugins plus :class:`AtomicCheckpointIO`, unless a ``CheckpointIO`` is given."""
-    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
-    if not any(isinstance(p, CheckpointIO) for p in plugins):
-        plugins.append(AtomicCheckpointIO())
-    return plugins
+    problem = batch_ranks_error(trainer, datamodule)
+    if problem:
+        _fail(problem)
 
 
 class RLGapCLI(LightningCLI):
     """LightningCLI with rl_gap's output folder, loggers and callbacks (see module docstring)."""
 
-    _run: dict[str, Any] | None = None
+    _run: RunSetup | None = None
     _resume: Resume | None = None
     _fault_tolerance: FaultTolerance | None = None
     _lock: RunLock | None = None
@@ -172,14 +135,6 @@ class RLGapCLI(LightningCLI):
         die_with_launcher()
         kwargs.setdefault("parser_class", RLGapArgumentParser)
         super().__init__(*args, **kwargs)
-
-    def instantiate_classes(self) -> None:
-        # validate/test/predict --ckpt_path: the checkpoint replaces every weight, so named
-        # pretrained weights are not fetched (rl_gap.models.pretrained.weights_from_checkpoint)
-        sub = self.config.get("subcommand")
-        evaluating = sub in ("validate", "test", "predict") and self.config[sub].get("ckpt_path")
-        with weights_from_checkpoint(bool(evaluating)):
-            super().instantiate_classes()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -229,110 +184,55 @@ class RLGapCLI(LightningCLI):
 
     # ------------------------------------------------- parsing and run identity
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        words = None
         if args is None or isinstance(args, (list, tuple)):
             words = with_shipped_recipes([str(w) for w in (sys.argv[1:] if args is None else args)])
-            words = joined_negative_values(words)
-            args = words
-            recipes = []
+            args = words = joined_negative_values(words)
             for path in config_file_args(words):
                 try:
                     check_config_file(path)
                 except (FileNotFoundError, ValueError) as err:
                     _fail(str(err))
-                found = recipe_flat_loss_keys(path)
-                if found:
-                    recipes.append((path, *found))
-            token = RECIPE_LOSS_KEYS.set(tuple(recipes))
             self._written_integers = written_integers(words, config_file_args(words))
-        try:
-            # parsed here, not by LightningCLI.parse_arguments: the words are the command line
-            # (given or sys.argv's), so its "both args and command line arguments" warning
-            # would be about the same words twice
-            if isinstance(args, (dict, Namespace)):
-                self.config = parser.parse_object(args)
-            else:
-                self.config = parser.parse_args(args)
-            self._resolve_run(parser)
-        finally:
-            if words is not None:
-                RECIPE_LOSS_KEYS.reset(token)
+        # parsed here, not by LightningCLI.parse_arguments: the words are the command line
+        # (given or sys.argv's), so its "both args and command line arguments" warning
+        # would be about the same words twice
+        if isinstance(args, (dict, Namespace)):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
+        self._run = resolve_run(parser, self.config)
+        self._resume = self._run.resume
 
-    def _resolve_run(self, parser: LightningArgumentParser) -> None:
-        """Seed, training config, run folder; check ``--ckpt_path`` (before Lightning reads it)."""
+    def instantiate_classes(self) -> None:
+        """Build the data, model and trainer; a bad loss or optimizer value is one line.
+
+        validate/test/predict --ckpt_path: the checkpoint replaces every weight, so named
+        pretrained weights are not fetched (rl_gap.models.pretrained.weights_from_checkpoint).
+        """
         sub = self.config.get("subcommand")
-        cfg = self.config[sub] if sub else self.config
-        every = cfg.get("checkpoint_every_n_steps")
-        if every is not None and every < 0:
-            _fail(f"--checkpoint_every_n_steps must be >= 0, got {every}")
-        seed = cfg.get("seed_everything")
-        overrides = overrides_hash(
-            training_config(flatten_config(cfg)),
-            self._baseline_config(parser, sub, cfg.get("config")),
-        )
-        base = Path(
-            cfg.get("trainer.default_root_dir")
-            or run_dir_for(
-                cfg.get("config"), cfg.get("output_dir"), cfg.get("run_name"), seed, overrides
-            )
-        )
-        ckpt_path = cfg.get("ckpt_path")
-        ckpt_path = None if ckpt_path is None else str(ckpt_path)
-        # run=False (no subcommand): whether fit will resume is unknown; FreshFitGuard decides
-        root = choose_run_dir(base, sub, ckpt_path) if sub else newest(base)
-        if seed is True:  # drawn now (or read back from the run being resumed), recorded in it
-            # run=False: a folder holding checkpoints can only be resumed (FreshFitGuard)
-            seed = auto_seed(ckpt_path or (None if sub else "last"), root)
-            cfg["seed_everything"] = seed
-        train = training_config(flatten_config(cfg))
-        full = {k: v for k, v in flatten_config(cfg).items() if k != "config"}
-        self._run = {
-            "root": root, "config": train, "full": full, "overrides": overrides,
-            "versioned_from": base if root != base and sub == "fit" and not ckpt_path else None,
-        }  # fmt: skip
-        if ckpt_path:
-            force = bool(cfg.get("force_resume"))
-            try:
-                resume = check_resume(sub, ckpt_path, root, train, force)
-            except ResumeRefused as err:
-                _fail(str(err))
-            if resume is not None:
-                if ckpt_path == "last":
-                    # Lightning's own "last" would pick the newest last*.ckpt even if damaged
-                    cfg["ckpt_path"] = str(resume.path)
-                self._resume = resume
-
-    @staticmethod
-    def _baseline_config(
-        parser: LightningArgumentParser, sub: str | None, config_files: list[Any] | None
-    ) -> dict[str, Any] | None:
-        """The training config of the recipe(s) alone, without command-line overrides."""
-        argv = [sub] if sub else []
-        for path in config_files or []:
-            argv += ["--config", str(getattr(path, "absolute", path))]
+        evaluating = sub in ("validate", "test", "predict") and self.config[sub].get("ckpt_path")
         try:
-            with (
-                contextlib.redirect_stderr(io.StringIO()),
-                contextlib.redirect_stdout(io.StringIO()),
-            ):
-                base = parser.parse_args(argv)
-        except (SystemExit, Exception):  # e.g. a required key given only on the command line
-            return None
-        return training_config(flatten_config(base[sub] if sub else base))
+            with weights_from_checkpoint(bool(evaluating)):
+                super().instantiate_classes()
+        except ValueError as err:
+            problem = setting_error(err)
+            if problem is None:
+                raise
+            _fail(problem)
 
     # ----------------------------------------------------------------- trainer
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> L.Trainer:
         s = self._settings()
         run = self._run
         assert run is not None, "parse_arguments resolves the run before classes are built"
-        root = Path(run["root"])
+        root = Path(run.root)
         restore_integers(config, self._written_integers)
         problem = writable_error(root)  # before the lock, the logs and W&B touch it
         if problem:
             _fail(problem.replace("checkpoint folder", "run folder", 1))
         if self.subcommand in (None, "fit") and starts_the_run():
-            if run["versioned_from"] is not None:
-                note = versioned_message(run["versioned_from"], root)
+            if run.versioned_from is not None:
+                note = versioned_message(run.versioned_from, root)
                 if note:
                     sys.stderr.write(note + "\n")
             # before anything is written into the folder (wandb_id, config.yaml, logs)
@@ -350,10 +250,10 @@ class RLGapCLI(LightningCLI):
             config["logger"] = default_loggers(
                 root, run_label(root, s["output_dir"], self.subcommand), s["wandb"], s["wandb_project"],
                 wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
-                config=run["full"],
+                config=run.full,
             )  # fmt: skip
-        config["plugins"] = _with_atomic_checkpoint_io(config.get("plugins"))
-        config["callbacks"] = self._default_callbacks(config, root)
+        config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
+        config["callbacks"] = default_callbacks(config, root)
         config["callbacks"].append(RestoreLoaderPosition())
         if config.get("enable_checkpointing") is not False:
             dirs = [
@@ -364,7 +264,7 @@ class RLGapCLI(LightningCLI):
             self._fault_tolerance = FaultTolerance(
                 dirs[0] if dirs else root / "checkpoints",
                 every_n_steps=s["checkpoint_every_n_steps"],
-                run_config=run["config"],
+                run_config=run.config,
                 wandb_id=wandb_id,
                 force_resume=bool(s["force_resume"]),
             )
@@ -391,27 +291,6 @@ class RLGapCLI(LightningCLI):
         if run.job_type == "train" and starts_the_run():
             record_run_id(root, run.id)
         return run
-
-    @staticmethod
-    def _default_callbacks(config: dict[str, Any], root: Path) -> list[Callback]:
-        given = config.get("callbacks") or []
-        given = list(given) if isinstance(given, list) else [given]
-        if config.get("enable_progress_bar") is not False and not any(
-            isinstance(c, ProgressBar) for c in given
-        ):
-            given.append(RichProgressBar(leave=True))
-        if config.get("logger") and not any(isinstance(c, LearningRateMonitor) for c in given):
-            given.append(LearningRateMonitor(logging_interval="step"))
-        checkpoints = [c for c in given if isinstance(c, ModelCheckpoint)]
-        for cb in checkpoints:  # one folder per run, so that --ckpt_path last finds it
-            if cb.dirpath is None:
-                cb.dirpath = str(root / "checkpoints")
-        if config.get("enable_checkpointing") is not False and not checkpoints:
-            given.append(ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True))
-        if config.get("logger") and not any(isinstance(c, TrainingSpeed) for c in given):
-            given.append(TrainingSpeed())
-        given.append(ValidationScheduleCheck())
-        return given
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:

@@ -2,39 +2,32 @@
 
 - the command line's ``--config`` files found (:func:`config_file_args`), and a recipe path
   that is not there replaced by the recipe shipped in the package (:func:`with_shipped_recipes`);
-- a loss section's per-loss tables and command-line values resolved as they will be built
-  (``--print_config`` shows exactly that);
-- a recipe with loose (old-style) loss keys refused when the loss is swapped;
-- the loss's and the optimizer's own value checks (``temperature: 0``, ``lr: -1``) as one
-  line naming the key, not a Union traceback;
+- a loss section read by :func:`rl_gap.losses.registry.read_loss_section` (an unknown loss
+  or key is one line naming it, not a Union traceback), with the recipe files' own sections,
+  so that a recipe with loose (old-style) loss keys is refused when the loss is swapped;
+- under ``--print_config`` the loss section shown as it will be built;
 - ``trainer.accumulate_grad_batches > 1`` refused for a ranking module unless
   ``model.allow_split_batch`` is true (``rl_gap.modules.split_batch``).
+
+Values (``temperature: 0``, ``lr: -1``) are checked where they are used, when the module
+is built; :mod:`rl_gap.training.cli` reports those errors as one line naming the key.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import re
-import warnings
-from contextvars import ContextVar
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
-from rl_gap.losses.registry import normalize_loss_section
+from rl_gap.losses.registry import LossSectionError, read_loss_section
 from rl_gap.resources import recipe_path
-from rl_gap.training.run_config import loss_section_error
 
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
-# (recipe file, its loss name, its flat loss keys) of the command being parsed.
-RECIPE_LOSS_KEYS: ContextVar[tuple[tuple[str, str, tuple[str, ...]], ...]] = ContextVar(
-    "rl_gap_recipe_loss_keys", default=()
-)
 
 
 def config_file_args(words: list[str]) -> list[str]:
@@ -91,51 +84,30 @@ def with_shipped_recipes(words: list[str]) -> list[str]:
     return out
 
 
-def recipe_flat_loss_keys(path: str | Path) -> tuple[str, tuple[str, ...]] | None:
-    """``(loss name, keys outside a per-loss table)`` of a recipe file's loss section."""
-    from rl_gap.losses import available_losses
-
+def recipe_loss_section(path: str | Path) -> Any:
+    """A recipe file's own ``loss:`` section as written (None if it has none or is unreadable)."""
     try:
         content = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None  # check_config_file reports unreadable files
-    models = [content.get("model")] if isinstance(content, dict) else []
-    if isinstance(content, dict):
-        models += [
-            content.get(s, {}).get("model")
-            for s in _SUBCOMMANDS
-            if isinstance(content.get(s), dict)
-        ]
-    for model in models:
-        if not isinstance(model, dict):
-            continue
-        section = (model.get("init_args") or {}).get("loss", model.get("loss"))
-        if isinstance(section, dict):
-            names = set(available_losses())
-            flat = tuple(
-                sorted(str(k) for k in section if k != "name" and str(k).lower() not in names)
-            )
-            return str(section.get("name", "gsap")).lower(), flat
-    return None
-
-
-def _swap_leak_error(section: Any) -> str | None:
-    """A recipe's flat loss keys would reach another loss after ``--model.loss.name``."""
-    if hasattr(section, "as_dict"):
-        section = section.as_dict()
-    if not isinstance(section, dict):
+    if not isinstance(content, dict):
         return None
-    chosen = str(section.get("name", "gsap")).lower()
-    for path, name, flat in RECIPE_LOSS_KEYS.get():
-        if flat and name != chosen:
-            moved = ", ".join(f"loss.{name}.{k}" for k in flat)
-            return (
-                f"{path} sets {list(flat)} for {name!r} outside a per-loss table, and the loss "
-                f"is now {chosen!r}: they would be applied to {chosen!r}. A loss's "
-                f"hyperparameters belong to that loss: write them as {moved} (and "
-                f"{chosen}'s own under loss.{chosen}, else its defaults are used)"
-            )
+    models = [content.get("model")]
+    models += [content[s].get("model") for s in _SUBCOMMANDS if isinstance(content.get(s), dict)]
+    for model in models:
+        if isinstance(model, dict):
+            section = (model.get("init_args") or {}).get("loss", model.get("loss"))
+            if section is not None:
+                return section
     return None
+
+
+def _recipe_sections(config_files: Iterable[Any] | None) -> list[tuple[str, Any]]:
+    """``(file, its own loss section)`` of each ``--config`` file."""
+    return [
+        (str(path), recipe_loss_section(str(getattr(path, "absolute", path))))
+        for path in config_files or []
+    ]
 
 
 class RLGapArgumentParser(LightningArgumentParser):
@@ -161,21 +133,16 @@ class RLGapArgumentParser(LightningArgumentParser):
             section = _typed_tables(section)
             if section is not None:
                 cfg[key] = section
-            message = (
-                loss_section_error(section)
-                or _swap_leak_error(section)
-                or _loss_value_error(section)
-            )
-            if message:
-                self.error(f"--model.loss: {message}")
-            message = _optimizer_settings_error(cfg.get(f"{prefix}model.init_args"))
-            if message:
-                self.error(f"--model.init_args: {message}")
+                recipes = _recipe_sections(cfg.get(f"{prefix}config"))
+                try:
+                    loss = read_loss_section(section, recipes=recipes)
+                except LossSectionError as err:
+                    self.error(f"--model.loss: {err}")
+                if _print_config_requested(self):
+                    cfg[key] = loss.as_recipe(expand=True)
             message = _split_batch_error(cfg, prefix)
             if message:
                 self.error(message)
-            if section is not None and _print_config_requested(self):
-                cfg[key] = normalize_loss_section(section, expand=True)
         return super()._parse_common(cfg, *args, **kwargs)
 
 
@@ -199,39 +166,6 @@ def _print_config_requested(parser: Any) -> bool:
             return True
         parser = getattr(parser, "parent_parser", None)
     return False
-
-
-def _loss_value_error(section: Any) -> str | None:
-    """The loss's own check of its values (``temperature: 0``), or None."""
-    from rl_gap.losses import loss_from_config
-
-    if section is None:
-        return None
-    section = section.as_dict() if hasattr(section, "as_dict") else dict(section)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            loss_from_config(section)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-def _optimizer_settings_error(init_args: Any) -> str | None:
-    """``check_optimizer_settings`` on a model's ``init_args`` (``lr: -1``, ``optimizer: adamx``)."""
-    from rl_gap.optim import check_optimizer_settings
-
-    if init_args is None or not hasattr(init_args, "get"):
-        return None
-    names = inspect.signature(check_optimizer_settings).parameters
-    settings = {k: init_args.get(k) for k in names if k in init_args}
-    if not {"optimizer", "lr", "weight_decay"} <= set(settings):
-        return None  # a module without rl_gap's optimizer settings
-    try:
-        check_optimizer_settings(**settings)
-    except (ValueError, TypeError) as err:
-        return str(err)
-    return None
 
 
 def _split_batch_error(cfg: Any, prefix: str) -> str | None:

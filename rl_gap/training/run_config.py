@@ -294,20 +294,14 @@ def check_config_file(path: str | Path) -> None:
 
 # -------------------------------------------------------------------- loss
 def loss_section_error(section: Any) -> str | None:
-    """None if a recipe's ``loss:`` section names a registered loss and valid keys.
-
-    The section is ``{name, <loss>: {<its keywords>}, <keyword>: <value>}``
-    (``rl_gap.losses.registry.split_loss_section``): per-loss tables must hold
-    keywords their loss takes, flat keys (command-line overrides) keywords the
-    chosen loss takes. Otherwise a one-line message naming the bad name or key
-    and the valid ones.
-    """
-    from rl_gap.losses.registry import split_loss_section
+    """None if a recipe's ``loss:`` section names a registered loss and valid keys, else
+    the one-line message of :func:`rl_gap.losses.registry.read_loss_section`."""
+    from rl_gap.losses.registry import LossSectionError, read_loss_section
 
     if section is None:
         return None
     try:
-        split_loss_section(section)
-    except ValueError as err:
+        read_loss_section(section)
+    except LossSectionError as err:
         return str(err)
     return None

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import lightning as L
 import pytest
@@ -18,7 +19,8 @@ from tests.training.test_resume import CountSteps, InterruptAt, _argv, _weights
 
 def fitted_weights(micro_batch_size, steps=3):
     module = make_module("metric", "gsap", micro_batch_size=micro_batch_size)
-    module.optim_config.update(name="adamw", lr=1e-2)  # a stateful optimizer: moments must agree
+    # a stateful optimizer: moments must agree
+    module.optimizer_settings = replace(module.optimizer_settings, optimizer="adamw", lr=1e-2)
     gen = torch.Generator().manual_seed(2)
     data = TensorDataset(
         torch.randn(8 * steps, 1, 8, 8, generator=gen, dtype=torch.float64),

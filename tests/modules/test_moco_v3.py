@@ -303,3 +303,23 @@ def test_mlp_shapes_follow_moco_v3():
     vit = tiny_module()
     assert sum(isinstance(m, nn.Linear) for m in vit.online.projector) == 3
     assert isinstance(vit.predictor[-1], nn.BatchNorm1d)
+
+
+def test_moco_defaults_show_in_print_config():
+    from tests.modules.module_defaults import printed_init_args
+
+    shown = printed_init_args("rl_gap.modules.moco_v3.MoCoV3Module")
+    # MoCo v3: AdamW, base lr 1.5e-4, weight decay 0.1, encoder momentum 0.99
+    assert (shown["optimizer"], shown["lr"], shown["weight_decay"]) == ("adamw", 1.5e-4, 0.1)
+    assert (shown["momentum"], shown["momentum_sgd"]) == (0.99, 0.9)
+
+
+def test_momentum_is_the_encoders_and_momentum_sgd_the_optimizers():
+    module = MoCoV3Module(**TINY_KWARGS, momentum=0.95, optimizer="sgd", momentum_sgd=0.8)
+    assert module.base_momentum == 0.95
+    assert module.optimizer_settings.momentum == 0.8
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert {g["momentum"] for g in optimizer.param_groups} == {0.8}
+    # an old recipe's `momentum: 0.99` stays the encoder's coefficient, never SGD's
+    module = MoCoV3Module(**TINY_KWARGS, momentum=0.99, optimizer="sgd")
+    assert (module.base_momentum, module.optimizer_settings.momentum) == (0.99, 0.9)

@@ -86,3 +86,20 @@ def test_empty_or_non_mapping_config_file(tmp_path, capsys, content, message):
     assert exit_info.value.code == 2
     (line,) = _error_lines(capsys.readouterr().err)
     assert str(recipe) in line and message in line, line
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--model.loss.gsap.temperature", "0"], "--model.loss: temperature must be a finite number > 0"),
+        (["--model.init_args.betas", "[0.9, 1.0]"], "--model.init_args: betas must lie in [0, 1)"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_is_one_line_when_the_module_is_built(tmp_path, capsys, override, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["fit", "--config", RECIPE, "--output_dir", str(tmp_path / "runs"),
+                           "--wandb", "off", *override])  # fmt: skip
+    assert exit_info.value.code == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert line.startswith("rl-gap: error: ") and message in line, line
+    assert not (tmp_path / "runs").exists()  # refused before the run folder is made

@@ -1,4 +1,5 @@
-"""Optimizer/schedule settings are checked when a module is built, with errors naming the setting."""
+"""Optimizer/schedule settings: one OptimizerSettings, checked when made (errors name the
+setting), building the optimizer and schedule a module trains with."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import torch
 
 from rl_gap.modules import MetricLearningModule
 from rl_gap.modules.moco_v3 import MoCoV3Module
-from rl_gap.optim import build_optimizer, check_optimizer_settings, param_groups
+from rl_gap.optim import (
+    OptimizerSettings,
+    OptimizerSettingsError,
+    build_optimizer,
+    check_optimizer_settings,
+    param_groups,
+)
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY = dict(backbone="rl_gap_convnet", backbone_kwargs={"width": 4}, in_chans=1, dim=8)
@@ -60,8 +67,46 @@ def test_good_settings_pass_and_build_an_optimizer():
 
 @pytest.mark.parametrize(("key", "value", "message"), BAD, ids=lambda v: str(v)[:20])
 def test_bad_setting_is_named(key, value, message):
+    with pytest.raises(OptimizerSettingsError, match=message) as info:
+        OptimizerSettings(**{**GOOD, key: value})
+    assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match=message):
         check_optimizer_settings(**{**GOOD, key: value})
+
+
+def test_defaults_and_frozen():
+    settings = OptimizerSettings()
+    assert (settings.optimizer, settings.lr, settings.weight_decay) == ("adamw", 1e-4, 1e-4)
+    assert (settings.betas, settings.momentum, settings.scheduler) == ((0.9, 0.999), 0.9, "cosine")
+    assert (settings.warmup, settings.min_lr_ratio, settings.lr_scales) == (0.0, 0.0, None)
+    with pytest.raises(AttributeError):
+        settings.lr = 1.0  # one object, checked once: never changed after the check
+    assert OptimizerSettings(betas=[0.9, 0.98]).betas == (0.9, 0.98)
+
+
+def test_settings_build_the_optimizer_and_schedule_they_describe():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    settings = OptimizerSettings(
+        optimizer="sgd", lr=0.1, weight_decay=0.01, momentum=0.8, lr_scales={"1.": 0.5},
+        warmup=2, min_lr_ratio=0.0,
+    )  # fmt: skip
+    optimizer = settings.optimizer_for([model])
+    assert type(optimizer) is torch.optim.SGD
+    groups = {(g["weight_decay"], g["lr"]) for g in optimizer.param_groups}
+    # layer 0 at lr 0.1, layer 1 at 0.1 x 0.5; weights decay, biases do not
+    assert groups == {(0.01, 0.1), (0.0, 0.1), (0.01, 0.05), (0.0, 0.05)}
+    assert {g["momentum"] for g in optimizer.param_groups} == {0.8}
+    scheduler = settings.scheduler_for(optimizer, total_steps=6)
+    lrs = []
+    for _ in range(6):
+        lrs.append(max(g["lr"] for g in optimizer.param_groups))
+        optimizer.step()
+        scheduler.step()
+    # warmup (k+1)/2 for k < 2, then 0.5 (1 + cos(pi (k-2)/4)) by hand
+    expected = [0.05, 0.1, 0.1, 0.1 * (1 + math.cos(math.pi / 4)) / 2, 0.05,
+                0.1 * (1 + math.cos(3 * math.pi / 4)) / 2]  # fmt: skip
+    assert lrs == pytest.approx(expected)
+    assert OptimizerSettings(scheduler="none").scheduler_for(optimizer, 6) is None
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [BAD[0], BAD[6], BAD[12]])
