@@ -19,7 +19,6 @@ from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import (
     as_tensor,
-    relevant_pairs_from_fn,
     state_from_embeddings,
 )
 from rl_gap.metrics.functional.protocol import threshold_protocol_from_states
@@ -179,26 +178,21 @@ def evaluate_embeddings(
 ):
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
-    Scores are dot products (``normalize=True``: cosine, each row L2-normalised as
-    its block is read, never copied). Relevance is "same label", or explicit:
-    ``relevant_pairs = (query_idx, database_idx)`` or ``relevance_fn(query_idx,
-    database_idx) -> bool block``. ``exclude_self`` (queries are the database) or
-    ``query_index`` ((Q,) distinct: query i is database row ``query_index[i]``)
-    drops each query's self pair. Distractor queries (no positive) count in gAP,
-    not in mAP/R@k/F1q (``num_distractor_queries``). ``protocol=True`` adds the
-    threshold protocol (``protocol.py``; ``protocol_failure="nan"``: one that cannot
-    be built gives NaN ``protocol_*`` and a warning); ``bootstrap=n`` 95% intervals;
-    ``cache_bytes``: memory for positive blocks kept between the engine's passes.
-    ``background`` ((B, dim)): rank ``q . d - beta * mean of q's top background
-    scores`` (``score_norm.py``). ``shard`` (``sharding.py``): processes split the
-    blocks and sum exact counts. ``recall_over_database``: R@k with every database
-    item a leave-one-out query (labels only). Keys: ``metrics_from_state``; engine:
-    ``state_from_embeddings``. Returns Python floats (``return_state``: and the state).
+    Scores are dot products (``normalize``: cosine, rows L2-normalised as blocks are
+    read). Relevance: same label, ``relevant_pairs = (query_idx, database_idx)`` or
+    ``relevance_fn(query_idx, database_idx) -> bool block``. ``exclude_self`` (queries
+    are the database) or ``query_index`` (query i is database row ``query_index[i]``)
+    drops self pairs. Distractor queries (no positive) count in gAP only.
+    ``protocol``: threshold protocol (``protocol.py``; ``protocol_failure="nan"``: NaN
+    and a warning when it cannot be built); ``bootstrap=n``: 95% intervals;
+    ``cache_bytes``: positive blocks kept between the engine's passes; ``background``
+    ((B, dim)): rank ``q . d - beta * mean top background score`` (``score_norm.py``);
+    ``shard``: processes split the blocks (``sharding.py``); ``recall_over_database``:
+    R@k over every database item, leave-one-out. Keys: ``metrics_from_state``; engine:
+    ``state_from_embeddings``. Returns floats (``return_state``: and the state).
 
-    Example:
-        Four items, two classes, leave-one-out. Items 1 and 3 have a negative above
-        their positive (b.d = 0.96 > a.b = 0.8), so mAP = 3/4, R@1 = 1/2; over all
-        12 pairs the two 0.96 negatives lead and the four positives tie: gAP = 4/6.
+    Example (leave-one-out; items 1 and 3 rank a 0.96 negative above their 0.8
+    positive, mAP = 3/4, R@1 = 1/2; the four positives tie after two negatives, gAP = 4/6):
 
         >>> import torch
         >>> from rl_gap.metrics.functional import evaluate_embeddings
@@ -216,23 +210,17 @@ def evaluate_embeddings(
     queries_t, database, self_index = checked_embeddings(
         queries, database, query_index, exclude_self
     )
-    num_q = queries_t.shape[0]
-    num_d = num_q if database is None else database.shape[0]
     engine = {
         "block_size": block_size, "device": device, "cache_bytes": cache_bytes, "shard": shard,
         "normalize": normalize,
     }  # fmt: skip
-    offsets = None
-    if background is not None:  # query-side score normalisation (score_norm.py)
-        offsets = _background_offsets(queries_t, background, score_norm, block_size, device)
-        if exclude_self:  # shifted scores are not symmetric: self pairs by index
-            query_index, exclude_self = self_index, False
-            database = queries_t if database is None else database
-    if relevance_fn is not None:
-        relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
-    has_positive, q_lab, d_lab = relevance(
-        relevant_pairs, query_labels, database_labels, num_q, num_d, self_index
+    offsets, database, query_index, exclude_self = _score_offsets(
+        queries_t, database, background, score_norm, engine, query_index, exclude_self, self_index
     )
+    relevant_pairs, has_positive, q_lab, d_lab = relevance(
+        relevant_pairs, relevance_fn, query_labels, database_labels, queries_t, database,
+        self_index,
+    )  # fmt: skip
     group, num_groups = query_groups(has_positive)
     state = state_from_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
@@ -240,10 +228,10 @@ def evaluate_embeddings(
         num_groups=num_groups, bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0,
         validated=True, query_offsets=offsets, **engine,
     )  # fmt: skip
-    recall_state = None
-    if recall_over_database and ks:
-        items = queries_t if database is None else database
-        recall_state = _leave_one_out_state(items, d_lab, engine)
+    items = queries_t if database is None else database
+    recall_state = (
+        _leave_one_out_state(items, d_lab, engine) if recall_over_database and ks else None
+    )
     halves = None
     if protocol:
         halves = _protocol_or_none(
@@ -257,6 +245,21 @@ def evaluate_embeddings(
     if protocol and halves is None:
         metrics.update(_missing_protocol(precisions))
     return (metrics, state) if return_state else metrics
+
+
+def _score_offsets(
+    queries, database, background, score_norm, engine, query_index, exclude_self, self_index
+):
+    """``(offsets, database, query_index, exclude_self)``: per-query offsets against the
+    ``background`` (None without one); shifted scores are not symmetric, so
+    leave-one-out becomes self pairs by index."""
+    if background is None:
+        return None, database, query_index, exclude_self
+    block_size, device = engine["block_size"], engine["device"]
+    offsets = _background_offsets(queries, background, score_norm, block_size, device)
+    if exclude_self:
+        return offsets, queries if database is None else database, self_index, False
+    return offsets, database, query_index, exclude_self
 
 
 def _background_offsets(queries: Tensor, background, score_norm, block_size, device) -> Tensor:

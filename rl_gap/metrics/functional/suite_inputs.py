@@ -10,6 +10,7 @@ from rl_gap.metrics.functional.engine_inputs import (
     check_embeddings,
     check_labels,
     check_query_index,
+    relevant_pairs_from_fn,
 )
 
 __all__ = ["check_options", "checked_embeddings", "positives_per_query", "relevance"]
@@ -62,7 +63,24 @@ def checked_embeddings(queries, database, query_index, exclude_self: bool):
     return queries_t, database, check_query_index(query_index, num_q, num_d, exclude_self)
 
 
-def relevance(relevant_pairs, query_labels, database_labels, num_q: int, num_d: int, self_index):
+def relevance(
+    relevant_pairs, relevance_fn, query_labels, database_labels, queries, database, self_index
+):
+    """``(relevant_pairs, has_positive (Q,), query labels, database labels)``: explicit
+    pairs (``relevance_fn`` evaluated block-wise) with labels None, or checked labels."""
+    num_q = queries.shape[0]
+    num_d = num_q if database is None else database.shape[0]
+    if relevance_fn is not None:
+        relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
+    has_positive, q_lab, d_lab = _label_relevance(
+        relevant_pairs, query_labels, database_labels, num_q, num_d, self_index
+    )
+    return relevant_pairs, has_positive, q_lab, d_lab
+
+
+def _label_relevance(
+    relevant_pairs, query_labels, database_labels, num_q: int, num_d: int, self_index
+):
     """``(has_positive (Q,), query labels, database labels)``; labels are None with
     explicit ``relevant_pairs``."""
     if relevant_pairs is not None:
