@@ -204,8 +204,11 @@ class ResumableStreamLoader(DataLoader):
     def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
         from torch.utils.data import default_collate
 
-        kwargs.pop("persistent_workers", None)
-        collate = _PositionCollate(kwargs.pop("collate_fn", None) or default_collate)
+        for fixed in ("persistent_workers", "batch_size", "drop_last"):  # set here
+            kwargs.pop(fixed, None)
+        collate = kwargs.pop("collate_fn", None) or default_collate
+        if not isinstance(collate, _PositionCollate):  # not wrapped twice when re-built
+            collate = _PositionCollate(collate)
         super().__init__(
             dataset, batch_size=dataset.batch_size, drop_last=True, collate_fn=collate, **kwargs
         )

@@ -96,3 +96,14 @@ def test_the_loader_takes_one_batch_from_each_worker_in_turn():
     # batches 0..6 of 3 workers: worker 0 made 0, 3, 6; worker 1 made 1, 4; worker 2 made 2, 5
     assert [batches_of_worker(7, w, 3) for w in range(3)] == [3, 2, 2]
     assert batches_of_worker(0, 1, 3) == 0
+
+
+def test_lightning_sets_the_epoch_and_checkpoints_the_position(tmp_path):
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+    from lightning.fabric.utilities.types import _Stateful
+
+    loader = _loader(write_shards(tmp_path), 0)
+    assert isinstance(loader, _Stateful)  # Lightning saves and restores its state_dict
+    _set_sampler_epoch(loader, 4)  # what the fit loop calls at each epoch start
+    next(iter(loader))
+    assert loader.state_dict() == {"epoch": 4, "batches_done": 1, "stream_positions": [3]}
