@@ -66,7 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--block-size", type=int, default=2048, help="GEMM block rows/columns")
     parser.add_argument("--device", default="cpu", help="scoring device, e.g. cpu or cuda:0")
-    parser.add_argument("--normalize", action="store_true", help="L2-normalise (cosine scores)")
+    parser.add_argument(
+        "--normalize",
+        action="store_true",
+        help="L2-normalise (cosine scores), block by block: the embeddings are never copied",
+    )
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 5, 10], help="R@k cut-offs")
     parser.add_argument("--map-at", type=int, nargs="*", default=[], help="mAP@k cut-offs")
     parser.add_argument("--precision", type=float, nargs="+", default=[0.9], help="R@P levels")
@@ -218,18 +222,12 @@ def run(args: argparse.Namespace) -> int:
     )
     query_labels, database_labels = _labels(args, queries, database, q_pt_labels, d_pt_labels)
     exclude_self = exclude_self_pairs(args, queries, database)
-    if args.normalize:
-        queries = torch.nn.functional.normalize(torch.as_tensor(np.asarray(queries)).float(), dim=1)
-        database = (
-            queries
-            if args.database is None
-            else torch.nn.functional.normalize(torch.as_tensor(np.asarray(database)).float(), dim=1)
-        )
     metrics = evaluate_embeddings(
         queries, database, query_labels, database_labels, exclude_self=exclude_self,
         ks=tuple(args.ks), precisions=tuple(args.precision), map_at=tuple(args.map_at),
         ceiling=False if args.no_ceiling else None, protocol=args.protocol,
         bootstrap=args.bootstrap, block_size=args.block_size, device=args.device, seed=args.seed,
+        normalize=args.normalize,
     )  # fmt: skip
     if metrics["num_positive_pairs"] == 0:
         raise ValueError(

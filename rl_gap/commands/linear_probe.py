@@ -79,18 +79,7 @@ def train_linear_probe(
     Returns:
         :class:`LinearProbeResult` with ``metrics`` = val top-1/top-5, train top-1.
     """
-    for name, x, y in (("train", train_features, train_labels), ("val", val_features, val_labels)):
-        if x.ndim != 2 or x.shape[0] == 0 or y.shape != (x.shape[0],):
-            raise ValueError(
-                f"{name} features must be (N > 0, F) with (N,) labels, got "
-                f"{tuple(x.shape)} and {tuple(y.shape)}"
-            )
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{name} features contain NaN or inf")
-    if train_features.shape[1] != val_features.shape[1]:
-        raise ValueError("train and val features differ in width")
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"need epochs >= 1, batch_size >= 1; got {epochs}, {batch_size}")
+    _check_probe_inputs(train_features, train_labels, val_features, val_labels, epochs, batch_size)
     # lr/weight_decay/momentum finite and in range: `--lr nan` used to train to chance.
     check_optimizer_settings("sgd", lr, weight_decay, momentum=momentum)
     x = train_features.float()
@@ -105,7 +94,42 @@ def train_linear_probe(
         mean = torch.zeros(x.shape[1], device=x.device)
         std = torch.ones(x.shape[1], device=x.device)
     x = (x - mean) / std
+    sgd = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
+    probe = _fit_probe(x, y, num_classes, epochs, batch_size, sgd, seed)
+    from rl_gap.metrics.knn import topk_accuracy  # torchmetrics: not needed for --help
 
+    result = LinearProbeResult(
+        probe.weight.detach().clone(), probe.bias.detach().clone(), mean, std, {}
+    )
+    with torch.no_grad():
+        val = topk_accuracy(result.logits(val_features.float()), val_labels.long(), (1, 5))
+        train = topk_accuracy(result.logits(train_features.float()), y, (1,))
+    result.metrics = {"top1": val["top1"], "top5": val["top5"], "train_top1": train["top1"]}
+    return result
+
+
+def _check_probe_inputs(train_features, train_labels, val_features, val_labels, epochs, batch_size):
+    """One-line errors for empty, mis-shaped or non-finite features and bad loop sizes."""
+    for name, x, y in (("train", train_features, train_labels), ("val", val_features, val_labels)):
+        if x.ndim != 2 or x.shape[0] == 0 or y.shape != (x.shape[0],):
+            raise ValueError(
+                f"{name} features must be (N > 0, F) with (N,) labels, got "
+                f"{tuple(x.shape)} and {tuple(y.shape)}"
+            )
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} features contain NaN or inf")
+    if train_features.shape[1] != val_features.shape[1]:
+        raise ValueError("train and val features differ in width")
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"need epochs >= 1, batch_size >= 1; got {epochs}, {batch_size}")
+
+
+def _fit_probe(
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, epochs: int, batch_size: int,
+    sgd: dict[str, float], seed: int,
+) -> nn.Linear:  # fmt: skip
+    """SGD (cosine learning rate to 0, no weight decay on the bias) of a linear layer on
+    standardised features ``x``."""
     # The probe trains where the features are; its random draws come from a CPU generator,
     # so a seed gives the same probe on any device.
     generator = torch.Generator().manual_seed(seed)
@@ -117,14 +141,13 @@ def train_linear_probe(
         probe.bias.zero_()
     optimizer = torch.optim.SGD(
         [
-            {"params": [probe.weight], "weight_decay": weight_decay},
+            {"params": [probe.weight], "weight_decay": sgd["weight_decay"]},
             {"params": [probe.bias], "weight_decay": 0.0},
         ],
-        lr=lr,
-        momentum=momentum,
+        lr=sgd["lr"],
+        momentum=sgd["momentum"],
     )
-    steps_per_epoch = math.ceil(x.shape[0] / batch_size)
-    total = epochs * steps_per_epoch
+    total = epochs * math.ceil(x.shape[0] / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 0.5 * (1.0 + math.cos(math.pi * step / total))
     )
@@ -137,16 +160,7 @@ def train_linear_probe(
             loss.backward()
             optimizer.step()
             schedule.step()
-    from rl_gap.metrics.knn import topk_accuracy  # torchmetrics: not needed for --help
-
-    result = LinearProbeResult(
-        probe.weight.detach().clone(), probe.bias.detach().clone(), mean, std, {}
-    )
-    with torch.no_grad():
-        val = topk_accuracy(result.logits(val_features.float()), val_labels.long(), (1, 5))
-        train = topk_accuracy(result.logits(train_features.float()), y, (1,))
-    result.metrics = {"top1": val["top1"], "top5": val["top5"], "train_top1": train["top1"]}
-    return result
+    return probe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     stable_group_id,
     webdataset_pairs,
 )
+from rl_gap.data.shard_stream import ResumableStreamLoader, ShardStream
 
 
 # -------------------------------------------------------------- DataModules
@@ -150,8 +151,14 @@ class CLIPDataModuleBase(L.LightningDataModule):
                     f"training set has {len(dataset)} pairs, fewer than batch_size="
                     f"{self.batch_size} (incomplete batches are dropped)"
                 )
+        if isinstance(dataset, ShardStream):  # WebDataset shards: a resumable stream
+            return ResumableStreamLoader(
+                dataset,
+                num_workers=self.num_workers,
+                collate_fn=PairCollate(self.tokenizer),
+                pin_memory=torch.cuda.is_available(),
+            )
         if isinstance(dataset, torch.utils.data.IterableDataset):
-            # WebDataset shards stream in order: no mid-epoch position to restore
             return self._loader(dataset, self.batch_size, train=True)
         from rl_gap.data.resumable import resumable_train_loader
 
@@ -258,6 +265,7 @@ class ImageTextDataModule(CLIPDataModuleBase):
                 shuffle_buffer=self.shuffle_buffer,
                 resampled=self.resampled,
                 seed=self.seed,
+                rank=trainer.global_rank if trainer is not None else 0,
             )
         raise ValueError("no training data: set train_table or train_shards")
 

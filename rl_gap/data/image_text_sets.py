@@ -197,6 +197,7 @@ def webdataset_pairs(
     shuffle_buffer: int = 2000,
     resampled: bool = False,
     seed: int = 0,
+    rank: int | None = None,
 ) -> torch.utils.data.IterableDataset:
     """Pairs streamed from WebDataset tar shards (``.jpg``/``.png`` + ``.txt``).
 
@@ -205,13 +206,15 @@ def webdataset_pairs(
     with ``--train-num-samples``). Shards are split over ranks and workers and
     cycled (``resampled=False``) or sampled with replacement
     (``resampled=True``); an epoch is therefore ``num_samples`` draws, not an
-    exact pass over the data. The group id of a sample hashes its key.
+    exact pass over the data. The group id of a sample hashes its key. Each epoch's
+    shard order, sample order and views follow ``(seed, epoch)`` (``shard_stream.py``),
+    so ``ResumableStreamLoader`` resumes mid-epoch where the run stopped.
 
     Raises:
         ValueError: fewer shards than ranks × workers without ``resampled``
             (some worker would have nothing to read).
     """
-    import webdataset as wds
+    from rl_gap.data.shard_stream import ShardStream
 
     urls = _shard_list(shards)
     readers = world_size * max(1, num_workers)
@@ -225,36 +228,19 @@ def webdataset_pairs(
     # Each worker yields whole batches, so every rank steps the same number of times.
     workers = max(1, num_workers)
     batches_per_worker = math.ceil(num_samples / (world_size * batch_size * workers))
-    samples_per_worker = batches_per_worker * batch_size
 
-    def to_sample(item: tuple[bytes, bytes, str, str]) -> dict[str, Any]:
-        data, caption, key, url = item
+    def to_sample(raw: dict[str, Any]) -> dict[str, Any]:
+        key, url = raw["__key__"], raw.get("__url__", "?")
+        data = next(raw[k] for k in ("jpg", "jpeg", "png", "webp") if k in raw)
         image = decode_image_bytes(data, f"{key!r} in {url}")
+        caption = raw["txt"]
         text = caption.decode("utf-8") if isinstance(caption, bytes) else str(caption)
         return {"image": transform(image), "text": text, "group": stable_group_id(key)}
 
-    pipeline = wds.WebDataset(
-        urls,
-        resampled=resampled,
-        shardshuffle=1000 if not resampled else False,
-        nodesplitter=wds.split_by_node if not resampled else None,
-        seed=seed,
-        empty_check=False,
-        handler=skip_corrupt_sample,  # an unreadable shard member is logged and skipped
-    )
-    if shuffle_buffer > 0:
-        pipeline = pipeline.shuffle(shuffle_buffer)
-    pipeline = (
-        # Decoded in to_sample, so a corrupt image is logged with its shard and key, then
-        # skipped (skip_corrupt_sample) instead of ending the epoch.
-        pipeline.to_tuple(
-            "jpg;jpeg;png;webp", "txt", "__key__", "__url__", handler=skip_corrupt_sample
-        )
-        .map(to_sample, handler=skip_corrupt_sample)
-        .with_epoch(samples_per_worker)  # cycles the worker's shards, cut at this count
-        .with_length(samples_per_worker * workers)
-    )
-    return pipeline
+    return ShardStream(
+        urls, to_sample, batches_per_worker * batch_size, batch_size, workers, world_size,
+        rank, resampled, shuffle_buffer, seed,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------- evaluation

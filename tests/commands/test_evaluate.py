@@ -310,3 +310,45 @@ def test_a_name_above_numeric_labels_is_kept_when_rows_match_the_embeddings(tmp_
     assert got["num_positive_pairs"] == ref["num_positive_pairs"] == 2 + 6 + 6
     assert got["map"] == pytest.approx(ref["map"], abs=1e-6)
     assert "header" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("leave_one_out", [False, True])
+def test_normalize_matches_normalising_the_files_first(tmp_path, leave_one_out):
+    """``--normalize`` L2-normalises block by block inside the engine: the metrics equal
+    those of files normalised beforehand, and cosine float64 brute force."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(12, 4, generator=g) * torch.linspace(0.1, 10, 12)[:, None]
+    d = torch.randn(40, 4, generator=g) * torch.linspace(10, 0.1, 40)[:, None]
+    ql, dl = torch.randint(0, 4, (12,), generator=g), torch.randint(0, 4, (40,), generator=g)
+    if leave_one_out:
+        q, ql = d, dl
+    files = {"q": q, "d": d, "qn": torch.nn.functional.normalize(q, dim=1)}
+    files["dn"] = torch.nn.functional.normalize(d, dim=1)
+    for name, x in files.items():
+        np.save(tmp_path / f"{name}.npy", x.numpy())
+    np.save(tmp_path / "ql.npy", ql.numpy())
+    np.save(tmp_path / "dl.npy", dl.numpy())
+
+    def evaluate(queries: str, database: str, *extra: str) -> dict:
+        out = tmp_path / f"{queries}{len(extra)}.json"
+        args = ["evaluate", "--queries", str(tmp_path / f"{queries}.npy"), "--query-labels",
+                str(tmp_path / "ql.npy"), "--block-size", "8", "--no-ceiling", "--output", str(out)]  # fmt: skip
+        if not leave_one_out:
+            args += ["--database", str(tmp_path / f"{database}.npy")]
+            args += ["--database-labels", str(tmp_path / "dl.npy")]
+        assert main(args + list(extra)) == 0
+        return json.loads(out.read_text())
+
+    cosine = evaluate("q", "d", "--normalize")
+    assert cosine == evaluate("qn", "dn")
+    assert cosine["map"] != pytest.approx(evaluate("q", "d")["map"], abs=1e-3)
+    qd, dd = (torch.nn.functional.normalize(x.double(), dim=1) for x in (q, d))
+    scores, rel = qd @ dd.T, ql[:, None] == dl[None, :]
+    aps = []
+    for i in range(len(ql)):
+        keep = torch.arange(len(dl)) != i if leave_one_out else torch.ones(len(dl), dtype=bool)
+        s, r = scores[i][keep], rel[i][keep]
+        if r.any():  # AP: mean precision at each positive's rank (no ties in float64 here)
+            ranks = (s[None, :] >= s[r][:, None]).sum(1).double()
+            aps.append(float((torch.arange(1, int(r.sum()) + 1) / ranks.sort().values).mean()))
+    assert cosine["map"] == pytest.approx(np.mean(aps), abs=1e-6)

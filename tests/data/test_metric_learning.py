@@ -97,20 +97,6 @@ def test_folder_and_csv(tmp_path):
     assert dm.datasets["test"].labels.tolist() == [5, 9]
 
 
-@pytest.mark.parametrize(
-    "read, args, expected",
-    [
-        (read_sop, ("train",), "Ebay_train.txt"),
-        (read_inat, ("test",), "Inaturalist_test_set1.txt"),
-        (read_cub, ("train",), "images.txt"),
-    ],
-)
-def test_missing_files_name_path_and_layout(tmp_path, read, args, expected):
-    with pytest.raises(FileNotFoundError, match=expected) as info:
-        read(tmp_path, *args)
-    assert str(tmp_path) in str(info.value) and "Expected" in str(info.value)
-
-
 def test_missing_root_and_bad_csv(tmp_path):
     with pytest.raises(FileNotFoundError, match="SOP root directory not found.*nowhere"):
         read_sop(tmp_path / "nowhere", "train")

@@ -82,6 +82,7 @@ def state_from_embeddings(
     database_rows: Tensor | None = None,
     query_offsets: Tensor | None = None,
     shard: Shard | None = None,
+    normalize: bool = False,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -118,6 +119,8 @@ def state_from_embeddings(
             with ``exclude_self``, is leave-one-out on that subset.
         query_offsets: optional (Q,) per-query shifts: scores are ``q . d - offset[q]``
             (query-side score normalisation, ``score_norm.py``).
+        normalize: cosine scores: each row L2-normalised as its block is read (the
+            values of normalising the embeddings first, without a normalised copy).
         shard: sharded evaluation (``sharding.py``): every process passes the same
             inputs, scores and counts the blocks it owns, and the counts are summed;
             every process returns the one-process state.
@@ -131,7 +134,7 @@ def state_from_embeddings(
             query_index=query_index, relevant_pairs=relevant_pairs, block_size=block_size,
             device=device, query_group=query_group, num_groups=num_groups, validated=validated,
             symmetric=symmetric, query_rows=query_rows, database_rows=database_rows,
-            query_offsets=query_offsets,
+            query_offsets=query_offsets, normalize=normalize,
         )  # fmt: skip
         scorer = BlockScorer(plan, heavy_threads)
         positives = score_positives(plan, scorer, cache_bytes, shard)

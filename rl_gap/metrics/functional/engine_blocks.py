@@ -25,7 +25,9 @@ class BlockReader:
     """Rows ``order[start:stop]`` of ``source`` on ``device`` in ``dtype``, in a recycled buffer.
 
     A block is valid until the next ``read``. Without ``order`` (rows in place) a
-    block that needs no conversion is a view of ``source`` itself.
+    block that needs no conversion is a view of ``source`` itself. ``normalize``:
+    each row is L2-normalised in the buffer (``F.normalize`` of the converted rows:
+    the values of normalising the whole source first, without its copy).
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class BlockReader:
         device: torch.device,
         dtype: torch.dtype,
         max_rows: int,
+        normalize: bool = False,
     ) -> None:
         # detached: ``out=`` gathers refuse tensors that require grad
         self.source, self.device, self.dtype = source.detach(), device, dtype
@@ -42,7 +45,8 @@ class BlockReader:
         self.max_rows, self.width = max_rows, source.shape[1]
         # Read once: every access to the source counts as a read of it (torch functions).
         self.source_dtype, self.source_device = source.dtype, source.device
-        self.converts = source.dtype != dtype or source.device != device
+        self.normalize = normalize
+        self.converts = source.dtype != dtype or source.device != device or normalize
         self._gathered: Tensor | None = None  # rows in the source's dtype and device
         self._converted: Tensor | None = None  # rows in the scoring dtype and device
 
@@ -67,6 +71,8 @@ class BlockReader:
                 return rows
         converted = self._buffer("_converted", self.dtype, self.device)[: stop - start]
         converted.copy_(rows)
+        if self.normalize:
+            torch.nn.functional.normalize(converted, dim=1, out=converted)
         return converted
 
 
@@ -85,14 +91,14 @@ class BlockScorer:
         cols = min(plan.cols_step, plan.num_database)
         if plan.symmetric:
             self.query_reader = BlockReader(
-                plan.database, plan.d_order, plan.device, plan.dtype, rows
+                plan.database, plan.d_order, plan.device, plan.dtype, rows, plan.normalize
             )
         else:
             self.query_reader = BlockReader(
-                plan.queries, plan.q_source, plan.device, plan.dtype, rows
+                plan.queries, plan.q_source, plan.device, plan.dtype, rows, plan.normalize
             )
         self.database_reader = BlockReader(
-            plan.database, plan.d_order, plan.device, plan.dtype, cols
+            plan.database, plan.d_order, plan.device, plan.dtype, cols, plan.normalize
         )
         self._out: Tensor | None = None
         self._out_size = rows * cols

@@ -53,6 +53,7 @@ class Plan:
         device / dtype: where and in which dtype blocks are scored.
         rows_step / cols_step: block rows and columns.
         symmetric: score only blocks on or above the diagonal (leave-one-out on one set).
+        normalize: L2-normalise every row as its block is read (cosine scores).
     """
 
     queries: Tensor
@@ -71,6 +72,7 @@ class Plan:
     rows_step: int
     cols_step: int
     symmetric: bool
+    normalize: bool = False
 
     @property
     def num_queries(self) -> int:
@@ -107,6 +109,7 @@ def plan_problem(
     query_rows: Tensor | None = None,
     database_rows: Tensor | None = None,
     query_offsets: Tensor | None = None,
+    normalize: bool = False,
 ) -> Plan:
     """Check the inputs of ``state_from_embeddings`` (same arguments) and plan the problem:
     label-sorted order, positive pairs, self columns, blocks, whether to use symmetry."""
@@ -162,7 +165,7 @@ def plan_problem(
     return Plan(
         queries, database, perm_q if query_rows is None else query_rows[perm_q], d_order,
         perm_q, pos_q, pos_d, self_col, q_shift, group, num_groups, device, dtype,
-        rows_step, cols_step, symmetric,
+        rows_step, cols_step, symmetric, bool(normalize),
     )  # fmt: skip
 
 

@@ -19,12 +19,8 @@ from rl_gap.metrics.functional.ceiling import ceiling_from_state
 from rl_gap.metrics.functional.dense import state_from_scores
 from rl_gap.metrics.functional.engine import (
     as_tensor,
-    check_embeddings,
-    check_query_index,
-    relevant_pairs_from_fn,
     state_from_embeddings,
 )
-from rl_gap.metrics.functional.engine_inputs import check_labels
 from rl_gap.metrics.functional.protocol import threshold_protocol_from_states
 from rl_gap.metrics.functional.protocol_problems import (
     embedding_protocol_states,
@@ -33,6 +29,12 @@ from rl_gap.metrics.functional.protocol_problems import (
 from rl_gap.metrics.functional.score_norm import ScoreNorm, background_offsets
 from rl_gap.metrics.functional.sharding import Shard
 from rl_gap.metrics.functional.state import RetrievalState, torch_threads
+from rl_gap.metrics.functional.suite_inputs import (
+    check_options,
+    checked_embeddings,
+    positives_per_query,
+    relevance,
+)
 
 __all__ = [
     "evaluate_embeddings",
@@ -145,14 +147,6 @@ def _metrics(state, ks, precisions, map_at, ceiling, protocol, bootstrap, seed, 
     return out
 
 
-def _positives_per_query(q_labels: Tensor, d_labels: Tensor, exclude_self: bool) -> Tensor:
-    sorted_db = torch.sort(d_labels).values
-    count = torch.searchsorted(sorted_db, q_labels, right=True) - torch.searchsorted(
-        sorted_db, q_labels
-    )
-    return count - (1 if exclude_self else 0)
-
-
 def evaluate_embeddings(
     queries,
     database=None,
@@ -180,41 +174,25 @@ def evaluate_embeddings(
     recall_over_database: bool = False,
     protocol_failure: str = "raise",
     return_state: bool = False,
+    normalize: bool = False,
 ):
     """Exact retrieval metrics from embeddings, never building the Q x D matrix.
 
-    Scores are dot products (L2-normalise beforehand for cosine); relevance is
-    "same label", or explicit: ``relevant_pairs = (query_idx, database_idx)``, or
-    ``relevance_fn(query_idx, database_idx) -> bool block`` (``relevant_pairs_from_fn``).
-    ``exclude_self`` (queries are the database) or ``query_index`` ((Q,) int64,
-    distinct: query i is database row ``query_index[i]``, e.g. a query subset of
-    the test set) excludes each query's self pair from every metric. Distractor queries (no positive)
-    count in gAP, are excluded from mAP/R@k/F1q, and are reported as
-    ``num_distractor_queries``. ``protocol=True`` adds the threshold protocol on
-    a seeded split of the query classes, each half its own retrieval problem
-    (``protocol.py``); ``bootstrap=n`` adds 95% intervals. ``cache_bytes``: memory
-    for positive blocks kept between the engine's two passes (0: recompute them).
-    ``background`` ((B, dim) embeddings): rank query-side normalised scores
-    ``q . d - beta * mean of q's top background scores`` (``score_norm.py``;
-    ``score_norm`` default ``ScoreNorm()``, SSCD's beta 1, neighbours 0..2).
-    ``shard`` (``sharding.py``): processes holding the same inputs split the
-    engine's blocks and sum its exact counts; every process gets the one-process
-    values. See ``metrics_from_state`` for the keys and ``state_from_embeddings`` for
-    the engine. Returns Python floats (with ``return_state``: ``(metrics, state)``).
+    Scores are dot products (``normalize``: cosine, rows L2-normalised as blocks are
+    read). Relevance: same label, ``relevant_pairs = (query_idx, database_idx)`` or
+    ``relevance_fn(query_idx, database_idx) -> bool block``. ``exclude_self`` (queries
+    are the database) or ``query_index`` (query i is database row ``query_index[i]``)
+    drops self pairs. Distractor queries (no positive) count in gAP only.
+    ``protocol``: threshold protocol (``protocol.py``; ``protocol_failure="nan"``: NaN
+    and a warning when it cannot be built); ``bootstrap=n``: 95% intervals;
+    ``cache_bytes``: positive blocks kept between the engine's passes; ``background``
+    ((B, dim)): rank ``q . d - beta * mean top background score`` (``score_norm.py``);
+    ``shard``: processes split the blocks (``sharding.py``); ``recall_over_database``:
+    R@k over every database item, leave-one-out. Keys: ``metrics_from_state``; engine:
+    ``state_from_embeddings``. Returns floats (``return_state``: and the state).
 
-    ``recall_over_database``: R@k with *every* database item as a leave-one-out query
-    (prior work's R@k on iNaturalist, over all test images), whatever the queries
-    (labels only, no ``background``). ``protocol_failure="nan"``: a threshold protocol
-    that cannot be built (e.g. one class) logs a warning and reports ``protocol_*`` as
-    NaN, the other metrics still stand ("raise": the ValueError propagates).
-
-    Example:
-        Four items, two classes, each item a query against the other three
-        (``exclude_self``). Items 1 and 3 have a negative above their positive
-        (b.d = 0.96 > a.b = 0.8, c.d = 0.8), so their AP is 1/2 and R@1 is 0;
-        items 0 and 2 rank their positive first: mAP = 3/4, R@1 = 1/2. Over
-        all 12 pairs the two 0.96 negatives come first and the four
-        positives tie at 0.8, so gAP = 4/6:
+    Example (leave-one-out; items 1 and 3 rank a 0.96 negative above their 0.8
+    positive, mAP = 3/4, R@1 = 1/2; the four positives tie after two negatives, gAP = 4/6):
 
         >>> import torch
         >>> from rl_gap.metrics.functional import evaluate_embeddings
@@ -225,53 +203,35 @@ def evaluate_embeddings(
         {'gap': 0.6667, 'map': 0.75, 'r@1': 0.5, 'num_positive_pairs': 4.0}
     """
     ks, precisions, map_at, bootstrap = check_suite_arguments(ks, precisions, map_at, bootstrap)
-    if protocol_failure not in ("raise", "nan"):
-        raise ValueError(f'protocol_failure must be "raise" or "nan", got {protocol_failure!r}')
-    if recall_over_database and (relevant_pairs is not None or relevance_fn is not None):
-        raise ValueError("recall_over_database needs class labels, not relevant_pairs")
-    if recall_over_database and background is not None:
-        raise ValueError("recall_over_database ranks raw scores: give no background")
-    queries_t = as_tensor(queries, "queries")
-    check_embeddings(queries_t, "query embeddings")
-    if database is not None:
-        database = as_tensor(database, "database")
-        if database is not queries_t:
-            check_embeddings(database, "database embeddings")
-    num_q = queries_t.shape[0]
-    num_d = num_q if database is None else database.shape[0]
-    self_index = check_query_index(query_index, num_q, num_d, exclude_self)
-    if score_norm is not None and background is None:
-        raise ValueError("score_norm needs background embeddings (background=)")
-    offsets = None
-    if background is not None:  # query-side score normalisation (score_norm.py)
-        offsets = _background_offsets(queries_t, background, score_norm, block_size, device)
-        if exclude_self:  # shifted scores are not symmetric: self pairs by index
-            query_index, exclude_self = self_index, False
-            database = queries_t if database is None else database
-    if relevance_fn is not None:
-        if relevant_pairs is not None:
-            raise ValueError("give relevant_pairs or relevance_fn, not both")
-        relevant_pairs = relevant_pairs_from_fn(relevance_fn, num_q, num_d)
-    if relevant_pairs is not None and protocol:
-        raise ValueError("the threshold protocol needs class labels, not relevant_pairs")
-    has_positive, q_lab, d_lab = _relevance(
-        relevant_pairs, query_labels, database_labels, num_q, num_d, self_index
+    check_options(
+        protocol_failure, recall_over_database, relevant_pairs, relevance_fn, protocol,
+        background, score_norm, normalize,
+    )  # fmt: skip
+    queries_t, database, self_index = checked_embeddings(
+        queries, database, query_index, exclude_self
     )
-    group, num_groups = query_groups(has_positive)
     engine = {
         "block_size": block_size, "device": device, "cache_bytes": cache_bytes, "shard": shard,
+        "normalize": normalize,
     }  # fmt: skip
+    offsets, database, query_index, exclude_self = _score_offsets(
+        queries_t, database, background, score_norm, engine, query_index, exclude_self, self_index
+    )
+    relevant_pairs, has_positive, q_lab, d_lab = relevance(
+        relevant_pairs, relevance_fn, query_labels, database_labels, queries_t, database,
+        self_index,
+    )  # fmt: skip
+    group, num_groups = query_groups(has_positive)
     state = state_from_embeddings(
         queries_t, database, query_labels, database_labels, exclude_self=exclude_self,
         query_index=query_index, relevant_pairs=relevant_pairs, query_group=group,
         num_groups=num_groups, bootstrap_budget=bootstrap_budget if bootstrap > 0 else 0,
         validated=True, query_offsets=offsets, **engine,
     )  # fmt: skip
-    recall_state = None
-    if recall_over_database and ks:
-        recall_state = _leave_one_out_state(
-            queries_t if database is None else database, d_lab, engine
-        )
+    items = queries_t if database is None else database
+    recall_state = (
+        _leave_one_out_state(items, d_lab, engine) if recall_over_database and ks else None
+    )
     halves = None
     if protocol:
         halves = _protocol_or_none(
@@ -287,6 +247,21 @@ def evaluate_embeddings(
     return (metrics, state) if return_state else metrics
 
 
+def _score_offsets(
+    queries, database, background, score_norm, engine, query_index, exclude_self, self_index
+):
+    """``(offsets, database, query_index, exclude_self)``: per-query offsets against the
+    ``background`` (None without one); shifted scores are not symmetric, so
+    leave-one-out becomes self pairs by index."""
+    if background is None:
+        return None, database, query_index, exclude_self
+    block_size, device = engine["block_size"], engine["device"]
+    offsets = _background_offsets(queries, background, score_norm, block_size, device)
+    if exclude_self:
+        return offsets, queries if database is None else database, self_index, False
+    return offsets, database, query_index, exclude_self
+
+
 def _background_offsets(queries: Tensor, background, score_norm, block_size, device) -> Tensor:
     """Per-query score offsets against ``background`` (``score_norm.py``). The engine
     subtracts them from its score blocks, so the database is still read block-wise."""
@@ -299,37 +274,9 @@ def _background_offsets(queries: Tensor, background, score_norm, block_size, dev
     )
 
 
-def _relevance(relevant_pairs, query_labels, database_labels, num_q: int, num_d: int, self_index):
-    """``(has_positive (Q,), query labels, database labels)``; labels are None with
-    explicit ``relevant_pairs``."""
-    if relevant_pairs is not None:
-        q_idx = as_tensor(relevant_pairs[0], "relevant_pairs").long().cpu()
-        d_idx = as_tensor(relevant_pairs[1], "relevant_pairs").long().cpu()
-        if q_idx.numel() and (int(q_idx.min()) < 0 or int(q_idx.max()) >= num_q):
-            raise ValueError("relevant_pairs index out of range")
-        if self_index is not None and q_idx.numel():
-            q_idx = q_idx[d_idx != self_index[q_idx]]
-        return torch.bincount(q_idx, minlength=num_q)[:num_q] > 0, None, None
-    if query_labels is None:
-        raise ValueError("query_labels are required (or relevant_pairs)")
-    q_lab = as_tensor(query_labels, "query_labels").cpu()
-    d_lab = (
-        q_lab if database_labels is None else as_tensor(database_labels, "database_labels").cpu()
-    )
-    if q_lab.ndim != 1 or q_lab.shape[0] != num_q:
-        raise ValueError(
-            f"query_labels has shape {tuple(q_lab.shape)}, expected ({num_q},) (one per query)"
-        )
-    if d_lab.ndim != 1:
-        raise ValueError(f"database_labels must be 1-D, got shape {tuple(d_lab.shape)}")
-    q_lab = check_labels(q_lab, num_q, "query_labels")
-    d_lab = check_labels(d_lab, num_d, "database_labels")
-    return _positives_per_query(q_lab, d_lab, self_index is not None) > 0, q_lab, d_lab
-
-
 def _leave_one_out_state(items: Tensor, labels: Tensor, engine: dict) -> RetrievalState:
     """Every item a query against all others (R@k over the whole database)."""
-    group, num_groups = query_groups(_positives_per_query(labels, labels, True) > 0)
+    group, num_groups = query_groups(positives_per_query(labels, labels, True) > 0)
     return state_from_embeddings(
         items, items, labels, labels, exclude_self=True, query_group=group,
         num_groups=num_groups, validated=True, **engine,

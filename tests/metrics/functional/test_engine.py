@@ -11,13 +11,11 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from rl_gap.metrics.functional import (
-    bootstrap_from_state,
     evaluate_embeddings,
     evaluate_scores,
     state_from_embeddings,
     state_from_scores,
 )
-from rl_gap.metrics.functional.bootstrap import bootstrap_statistics
 from rl_gap.metrics.functional.ceiling import (
     chains_from_state,
     greedy_ap,
@@ -181,31 +179,6 @@ def test_exclude_self_needs_square():
 
 
 # ----------------------------------------------------------------- bootstrap
-def test_bootstrap_statistics_exact_against_replicated_rows():
-    g = torch.Generator().manual_seed(11)
-    scores = torch.round(torch.rand(12, 40, generator=g, dtype=torch.float64) * 30) / 30
-    rel = torch.rand(12, 40, generator=g) < 0.2
-    rel[3] = False
-    state = state_from_scores(scores, rel, bootstrap_budget=1 << 20)
-    weights = torch.randint(0, 3, (6, 12), generator=g).double()
-    weights[:, 0] += 1  # a query with positives in every sample
-    gaps, maps = bootstrap_statistics(state, weights)
-    for b in range(6):
-        rows = torch.repeat_interleave(torch.arange(12), weights[b].long())
-        s, r = scores[rows].numpy(), rel[rows].numpy()
-        assert float(gaps[b]) == pytest.approx(
-            average_precision_score(r.ravel(), s.ravel()), abs=1e-12
-        )
-        aps = [average_precision_score(r[i], s[i]) for i in range(len(rows)) if r[i].any()]
-        assert float(maps[b]) == pytest.approx(np.mean(aps), abs=1e-12)
-    ci = bootstrap_from_state(state, 200)
-    assert ci["gap_ci_exact"] == 1.0 and ci["gap_ci_low"] <= ci["gap_ci_high"]
-    # A small budget keeps fewer knots: approximate but close.
-    coarse = state_from_scores(scores, rel, bootstrap_budget=12 * 4)
-    approx_gap, _ = bootstrap_statistics(coarse, weights)
-    assert torch.allclose(approx_gap, gaps, atol=0.05)
-
-
 def test_engine_bootstrap_state_equals_dense():
     x = _dyadic(60, 5, 12)
     labels = torch.arange(60) % 9
@@ -286,70 +259,6 @@ def test_ceiling_at_least_gap_and_equal_when_optimally_interleaved():
     assert out["gap"] == pytest.approx(ratio_rule_ap(chains), abs=1e-12)
     assert out["ceiling_rule"] == pytest.approx(out["gap"], abs=1e-12)
     assert out["ceiling"] >= out["gap"] - 1e-12
-
-
-@pytest.fixture(params=["scalar", "avx2", "avx512"])
-def kernel_isa(request):
-    """Runs a test on each instruction-set path of the kernel this CPU has."""
-    from rl_gap.metrics.functional import native
-
-    if native.native_library() is None:
-        pytest.skip("no C++ toolchain: the engine falls back to the eager path")
-    if native.set_isa(request.param) != request.param:
-        native.set_isa(None)
-        pytest.skip(f"this CPU has no {request.param}")
-    yield request.param
-    native.set_isa(None)
-
-
-@pytest.mark.parametrize("shape", [(300, 500), (37, 13)])
-def test_native_kernel_matches_eager_counts(monkeypatch, kernel_isa, shape):
-    """The fused CPU kernel (built on first use, ~1 s) == the eager tensor path, on
-    every instruction-set path; rows of 500 and 13 scores end in partial vectors."""
-    from rl_gap.metrics.functional import counting
-
-    rows, cols = shape
-    g = torch.Generator().manual_seed(21)
-    uniform = torch.rand(rows, cols, generator=g, dtype=torch.float64)
-    cases = {
-        "ties": torch.round(uniform * 200) / 200,
-        # Skewed scores: most grid values crowd a few cells (the kernel's slow path).
-        "crowded": torch.round(uniform**12 * 1e6) / 1e6 - 0.5,
-        "cosine-like": torch.randn(rows, cols, generator=g, dtype=torch.float64) * 0.1,
-        "huge": torch.randn(rows, cols, generator=g, dtype=torch.float64) * 1e6,
-        "tiny": torch.randn(rows, cols, generator=g, dtype=torch.float64) * 1e-30,
-    }
-    for name, base in cases.items():
-        for dtype in (torch.float64, torch.float32):
-            scores = base.to(dtype)
-            rel = torch.rand(rows, cols, generator=g) < 0.05
-            rel[:, :40] |= torch.rand(rows, min(40, cols), generator=g) < 0.8
-            rel[:20, :200] |= torch.rand(20, min(200, cols), generator=g) < 0.6  # > 64 own
-            valid = torch.rand(rows, cols, generator=g) > 0.1  # ignored pairs: -inf
-            group = torch.randint(0, 3, (rows,), generator=g)
-            args = (scores, rel, valid, group, 3)
-            monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1 << 40)
-            eager = state_from_scores(*args, bootstrap_budget=rows * 50)
-            plain = state_from_scores(*args)
-            monkeypatch.setattr(counting, "NATIVE_MIN_PAIRS", 1)
-            monkeypatch.setenv("RL_GAP_NATIVE", "1")
-            fused = state_from_scores(*args, bootstrap_budget=rows * 50)
-            fused_plain = state_from_scores(*args)  # no bootstrap: own counts on packed scores
-            monkeypatch.delenv("RL_GAP_NATIVE")
-            for key in ("pos_neg_ge", "grid_neg_ge", "boot_neg_ge"):
-                assert torch.equal(getattr(eager, key), getattr(fused, key)), (name, dtype, key)
-            for key in ("pos_neg_ge", "grid_neg_ge"):
-                assert torch.equal(getattr(plain, key), getattr(fused_plain, key)), (name, dtype)
-
-
-def test_set_isa_refuses_unknown_paths():
-    from rl_gap.metrics.functional import native
-
-    if native.native_library() is None:
-        pytest.skip("no C++ toolchain")
-    with pytest.raises(ValueError, match="isa must be one of"):
-        native.set_isa("sse2")
-    assert native.set_isa(None) in native.ISA_LEVELS
 
 
 def test_relevance_function_equals_labels():

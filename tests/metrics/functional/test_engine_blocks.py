@@ -71,7 +71,7 @@ PEAK_SCRIPT = textwrap.dedent(
     import numpy as np, torch
     from rl_gap.metrics.functional import state_from_embeddings
 
-    path, n, dim, block, num_q = sys.argv[1], *map(int, sys.argv[2:])
+    path, n, dim, block, num_q, normalize = sys.argv[1], *map(int, sys.argv[2:])
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     labels = torch.as_tensor(rng.integers(0, n // 4, n))
@@ -81,7 +81,8 @@ PEAK_SCRIPT = textwrap.dedent(
 
     def evaluate(database, q, lab, idx):
         state_from_embeddings(q, database, lab[idx], lab, query_index=idx,
-                              block_size=block, cache_bytes=0, validated=True)
+                              block_size=block, cache_bytes=0, validated=True,
+                              normalize=bool(normalize))
 
     small = torch.randn(4 * block, dim)
     evaluate(small, small[:num_q], torch.arange(4 * block) // 4, torch.arange(num_q))
@@ -101,10 +102,13 @@ PEAK_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
-def test_memory_mapped_database_peak_memory_is_bounded_by_the_block(tmp_path):
+@pytest.mark.parametrize("normalize", [False, True])
+def test_memory_mapped_database_peak_memory_is_bounded_by_the_block(tmp_path, normalize):
     """A memory-mapped database larger than the process needs: the peak memory the
     evaluation adds stays a few blocks, whatever the number of blocks (per-block
-    tensors freed to the C allocator grew it past the database's own size)."""
+    tensors freed to the C allocator grew it past the database's own size), also
+    with cosine scores (``normalize``: each block normalised in its buffer, where a
+    normalised copy of the database would take its whole size)."""
     n, dim, block, num_q = 200_000, 64, 2048, 256
     path = tmp_path / "database.npy"
     database = np.lib.format.open_memmap(path, "w+", np.float32, (n, dim))
@@ -117,7 +121,8 @@ def test_memory_mapped_database_peak_memory_is_bounded_by_the_block(tmp_path):
     except OSError:
         pytest.skip("cannot reset the peak RSS here (/proc/self/clear_refs)")
     run = subprocess.run(
-        [sys.executable, "-c", PEAK_SCRIPT, str(path), str(n), str(dim), str(block), str(num_q)],
+        [sys.executable, "-c", PEAK_SCRIPT, str(path), str(n), str(dim), str(block), str(num_q),
+         str(int(normalize))],
         capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
     peak = int(run.stdout.split()[-1])

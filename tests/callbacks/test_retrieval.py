@@ -1,4 +1,6 @@
-"""RetrievalEvaluation with 2 CPU processes (gloo): an error on rank 0 fails every rank.
+"""The retrieval callback: split metrics as the papers report them (against scikit-learn),
+duplicates from padding samplers dropped, and with 2 CPU processes (gloo) an error on
+rank 0 fails every rank.
 
 Rank 0 computes the metrics and broadcasts them; if it raised before the broadcast,
 rank 1 would wait in it forever. The worker records what each rank raised."""
@@ -118,3 +120,34 @@ def test_rank0_evaluation_error_fails_every_rank(tmp_path):
         "raised RuntimeError: val evaluation failed on rank 0: ValueError"
     )
     assert "NaN" in outcome["poisoned1"]
+
+
+def test_unique_by_index_keeps_one_copy_in_index_order():
+    from rl_gap.callbacks.retrieval import unique_by_index
+
+    indices = torch.tensor([3, 0, 2, 0, 1, 3])  # a padding sampler repeats items 0 and 3
+    embeddings = indices[:, None].float() * torch.ones(1, 2)
+    emb, labels, kept = unique_by_index(embeddings, indices * 10, indices)
+    assert kept.tolist() == [0, 1, 2, 3] and labels.tolist() == [0, 10, 20, 30]
+    assert emb[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_query_subset_map_and_recall_over_every_item():
+    """mAP over the query rows (each without itself), R@1 over every item leave-one-out."""
+    import numpy as np
+    from sklearn.metrics import average_precision_score
+
+    from rl_gap.callbacks.retrieval import evaluation_metrics
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 4, generator=g, dtype=torch.float64)
+    labels = torch.arange(30) % 5
+    queries = torch.tensor([0, 3, 7, 11, 12, 24])
+    metrics, _ = evaluation_metrics(x, labels, queries, ks=(1,), block_size=8)
+    scores, rel = (x @ x.T).numpy(), (labels[:, None] == labels[None]).numpy()
+    others = ~np.eye(30, dtype=bool)
+    aps = [average_precision_score(rel[q][others[q]], scores[q][others[q]]) for q in queries]
+    hits = [rel[i][others[i]][np.argmax(scores[i][others[i]])] for i in range(30)]
+    assert metrics["map"] == pytest.approx(np.mean(aps), abs=1e-12)
+    assert metrics["r@1"] == pytest.approx(np.mean(hits), abs=1e-12)
+    assert metrics["num_queries"] == 6 and metrics["num_recall_queries"] == 30
