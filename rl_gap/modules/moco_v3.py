@@ -79,7 +79,8 @@ class MoCoV3Module(RankingModule):
             gAP/mAP/R@1; this caps how many (0 disables it).
         grad_checkpointing: activation checkpointing in the timm backbone
             (``set_grad_checkpointing``; the momentum encoder runs without gradient).
-        compile: ``torch.compile`` the online encoder, predictor and momentum encoder.
+        compile: ``torch.compile`` the online encoder, predictor and momentum encoder:
+            true (inductor) or ``torch.compile`` options, e.g. ``{backend: cudagraphs}``.
         loss, optimizer, lr, weight_decay, betas, momentum_sgd, scheduler, warmup,
             min_lr_ratio, lr_scales, shard_loss, micro_batch_size, allow_split_batch: see
             :class:`RankingModule` (``momentum_sgd`` is its SGD/LARS ``momentum``; with
@@ -105,7 +106,7 @@ class MoCoV3Module(RankingModule):
         knn_temperature: float = 0.07,
         retrieval_max_queries: int = 10000,
         grad_checkpointing: bool = False,
-        compile: bool = False,
+        compile: bool | dict[str, Any] = False,
         loss: dict[str, Any] | None = None,
         optimizer: str = "adamw",
         lr: float = 1.5e-4,
@@ -164,8 +165,7 @@ class MoCoV3Module(RankingModule):
         if grad_checkpointing:
             enable_grad_checkpointing(net, backbone)
         self.momentum_encoder = make_momentum_copy(self.online)
-        if compile:
-            compile_in_place([self.online, self.predictor, self.momentum_encoder])
+        compile_in_place([self.online, self.predictor, self.momentum_encoder], compile)
         self.base_momentum = momentum
         self.momentum_schedule = momentum_schedule
         self.loss_scale = loss_scale
