@@ -25,7 +25,7 @@ activations of one micro-batch at a time.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import lightning as L
@@ -65,11 +65,36 @@ def enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
         raise ValueError(unsupported) from err
 
 
-def compile_in_place(modules: Iterable[torch.nn.Module | None]) -> None:
-    """``torch.compile`` each module in place (``Module.compile``: state-dict keys unchanged)."""
+COMPILE_OPTIONS = ("backend", "mode", "dynamic", "fullgraph", "options")
+
+
+def compile_in_place(
+    modules: Iterable[torch.nn.Module | None], settings: bool | Mapping[str, Any] | None = True
+) -> None:
+    """``torch.compile`` each module in place (``Module.compile``: state-dict keys unchanged).
+
+    ``settings``: a module's ``compile`` argument. False/None: nothing; True: torch's
+    defaults (inductor); a mapping: ``torch.compile`` keywords among ``COMPILE_OPTIONS``,
+    e.g. ``{backend: cudagraphs}`` or ``{mode: max-autotune, dynamic: false}``.
+    """
+    if settings is None or settings is False:
+        return
+    kwargs = {} if settings is True else dict(settings)
+    unknown = sorted(set(kwargs) - set(COMPILE_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"compile: unknown torch.compile option(s) {unknown}; known: {list(COMPILE_OPTIONS)}"
+        )
+    backend = kwargs.get("backend")
+    if isinstance(backend, str):
+        from torch import _dynamo
+
+        known = _dynamo.list_backends(exclude_tags=())
+        if backend not in known:
+            raise ValueError(f"compile: unknown backend {backend!r}; torch has {known}")
     for module in modules:
         if isinstance(module, torch.nn.Module):
-            module.compile()
+            module.compile(**kwargs)
 
 
 class RankingModule(L.LightningModule, abc.ABC):

@@ -80,7 +80,7 @@ class CLIPFineTuneModule(RankingModule):
             block and final norm, ...).
         grad_checkpointing: activation checkpointing in both towers.
         compile: ``torch.compile`` the image tower and the text transformer (in place;
-            checkpoints keep their keys).
+            checkpoints keep their keys): true (inductor) or ``torch.compile`` options.
         lr: peak learning rate (CLIP fine-tuning's small default).
         weight_decay: applied to ≥2-D parameters only (CLIP's 0.1).
         betas: AdamW betas (CLIP's (0.9, 0.98)).
@@ -105,7 +105,7 @@ class CLIPFineTuneModule(RankingModule):
         lock_text: bool = False,
         lock_text_unlocked_layers: int = 0,
         grad_checkpointing: bool = False,
-        compile: bool = False,
+        compile: bool | dict[str, Any] = False,
         lr: float = 1e-5,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -118,10 +118,8 @@ class CLIPFineTuneModule(RankingModule):
             self.clip.lock_image_tower(lock_image_unlocked_groups)
         if lock_text:
             self.clip.lock_text_tower(lock_text_unlocked_layers)
-        if compile:  # the image tower and the text transformer
-            compile_in_place(
-                getattr(self.clip.model, n, None) for n in ("visual", "transformer", "text")
-            )
+        towers = (getattr(self.clip.model, n, None) for n in ("visual", "transformer", "text"))
+        compile_in_place(towers, compile)  # the image tower and the text transformer
         self.loss_scale_from_pretrained = False
         # (class names, templates) -> (text tower version, (C, E) classifier)
         self._zero_shot_cache: dict[tuple, tuple[tuple, torch.Tensor]] = {}

@@ -47,7 +47,8 @@ class MetricLearningModule(RankingModule):
             cache; None = only for ``hf-hub:`` names.
         grad_checkpointing: activation checkpointing in the timm backbone
             (``set_grad_checkpointing``): less memory, one more forward in backward.
-        compile: ``torch.compile`` the encoder (in place; checkpoints keep their keys).
+        compile: ``torch.compile`` the encoder (in place; checkpoints keep their keys):
+            true (inductor) or ``torch.compile`` options, e.g. ``{backend: cudagraphs}``.
         eval_plots: save (and send to W&B) the global PR curve and the
             per-query-threshold histogram at every evaluation.
         **kwargs: :class:`RankingModule` settings: ``loss``, ``optimizer``, ``lr``,
@@ -66,7 +67,7 @@ class MetricLearningModule(RankingModule):
         eval_plots: bool = True,
         pretrained: bool | None = None,
         grad_checkpointing: bool = False,
-        compile: bool = False,
+        compile: bool | dict[str, Any] = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -82,8 +83,7 @@ class MetricLearningModule(RankingModule):
         self.eval_plots = eval_plots
         if grad_checkpointing:
             enable_grad_checkpointing(self.encoder.backbone, backbone)
-        if compile:
-            compile_in_place([self.encoder])
+        compile_in_place([self.encoder], compile)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, dim) unit-norm embeddings."""

@@ -79,7 +79,8 @@ class MoCoV3Module(RankingModule):
             gAP/mAP/R@1; this caps how many (0 disables it).
         grad_checkpointing: activation checkpointing in the timm backbone
             (``set_grad_checkpointing``; the momentum encoder runs without gradient).
-        compile: ``torch.compile`` the online encoder, predictor and momentum encoder.
+        compile: ``torch.compile`` the online encoder, predictor and momentum encoder:
+            true (inductor) or ``torch.compile`` options, e.g. ``{backend: cudagraphs}``.
         loss: the loss section; None: InfoNCE with τ = 0.2, one-sided (MoCo v3's).
         lr: peak learning rate (MoCo v3's base 1.5e-4; scale it with the batch).
         weight_decay: applied to ≥2-D parameters only (MoCo v3's 0.1).
@@ -109,7 +110,7 @@ class MoCoV3Module(RankingModule):
         knn_temperature: float = 0.07,
         retrieval_max_queries: int = 10000,
         grad_checkpointing: bool = False,
-        compile: bool = False,
+        compile: bool | dict[str, Any] = False,
         loss: dict[str, Any] | None = None,
         lr: float = 1.5e-4,
         weight_decay: float = 0.1,
@@ -148,8 +149,7 @@ class MoCoV3Module(RankingModule):
         if grad_checkpointing:
             enable_grad_checkpointing(net, backbone)
         self.momentum_encoder = make_momentum_copy(self.online)
-        if compile:
-            compile_in_place([self.online, self.predictor, self.momentum_encoder])
+        compile_in_place([self.online, self.predictor, self.momentum_encoder], compile)
         self.base_momentum = momentum
         self.momentum_schedule = momentum_schedule
         self.loss_scale = loss_scale

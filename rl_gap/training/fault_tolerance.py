@@ -59,6 +59,7 @@ from rl_gap.training.stop_request import (
     clear_stop_request,
     die_with_launcher,
     listen_for_sigterm,
+    note_training_started,
     request_stop,
     stop_requested,
 )
@@ -178,6 +179,7 @@ class FaultTolerance(Callback):
         if threading.current_thread() is threading.main_thread():
             # Ctrl-C: save at the next step and exit 130 (a second Ctrl-C interrupts at once)
             self._previous_sigint = signal.signal(signal.SIGINT, self._note_sigint)
+        note_training_started()  # from here a stop is agreed on and saved, not cut short
         early = stop_requested()
         if early is not None and not self.sigterm_pending:
             self._note_sigterm(early, None)  # arrived while the run was starting

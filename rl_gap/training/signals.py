@@ -12,8 +12,8 @@ launcher, which is not always a training process:
   :func:`sigterm_safe_launch` makes the observer treat 143 as a normal end, and
   :func:`report_workers_stopped` waits for the ranks and prints their exit statuses.
 - ``strategy: ddp_spawn``: the launcher only waits for its workers; a SIGTERM to it
-  used to end it at once (-15) and leave the workers running. Here it is forwarded
-  to the workers, which save and exit 143; the launcher then exits 143 too.
+  is forwarded to the workers, which save and exit 143; the launcher then exits 143
+  too (it would otherwise die at once and leave the workers running).
 - ``torchrun``/``srun``: the launcher is theirs; torchrun forwards SIGTERM to the
   ranks (which save and exit 143) and reports their statuses itself.
 
@@ -22,10 +22,14 @@ Start-up is covered too (the rule: whoever is signalled, the job saves once and 
 is released only after the last one): the ranks record a SIGTERM from their first
 moments (:mod:`rl_gap.training.stop_request`) and die with the launcher
 (``PR_SET_PDEATHSIG``); under ``ddp`` a rank killed while starting makes the launcher
-stop every process with 143; under ``ddp_spawn`` a stop that reaches the launcher while
-it starts the workers is passed on once all of them exist, and a worker that dies
-while starting (the launcher would otherwise block for ever writing its start-up data)
-makes the launcher stop them all and exit 143.
+stop every process with 143. Under ``ddp_spawn`` the launcher knows how many workers
+reached training (a shared count, :func:`~rl_gap.training.stop_request.note_training_started`);
+signalled before all did, it cuts the start short or, once the workers exist, passes
+the SIGTERM on and kills what is left after ``STARTUP_GRACE_S`` seconds (a worker still
+starting can be blocked in the rendezvous with one that died, and torch would wait
+twice 30 s), waits for them and exits 143. A worker that dies while the launcher starts
+the others (which would otherwise block for ever writing its start-up data) has the
+same effect.
 """
 
 from __future__ import annotations
@@ -50,15 +54,15 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 
 from rl_gap.training.stop_request import (
     LAUNCHER_PID_ENV,
-    die_with_launcher,
-    listen_for_sigterm,
     request_stop,
+    run_spawned_rank,
     stop_requested,
 )
 
 SIGTERM_EXIT_CODE = 128 + 15
 STOP_EXIT_CODES = (128 + 15, 128 + 2)  # a rank stopped on SIGTERM / Ctrl-C after saving
 WAIT_FOR_RANKS_S = 120.0  # how long the launcher waits for ranks that are stopping
+STARTUP_GRACE_S = 3.0  # ddp_spawn workers signalled before training: killed after this
 
 
 class _ObserverAllowingSigtermExit(fabric_subprocess._ChildProcessObserver):
@@ -100,13 +104,6 @@ def _alive_workers(launcher: Any) -> list[Any]:
     return [p for p in getattr(launcher, "procs", []) or [] if p.is_alive()]
 
 
-def _rank_entry(function: Callable[..., Any], *args: Any) -> Any:
-    """A ddp_spawn worker: die with the launcher, record SIGTERM from the start, then run."""
-    die_with_launcher()
-    listen_for_sigterm()
-    return function(*args)
-
-
 @contextlib.contextmanager
 def _launcher_pid_for_ranks() -> Iterator[None]:
     previous = os.environ.get(LAUNCHER_PID_ENV)
@@ -134,7 +131,7 @@ def _script_launch(launcher: Any) -> Iterator[None]:
 
 
 class _StartAborted(Exception):
-    """A worker died while the launcher was starting the workers (after a stop request)."""
+    """The workers' start is cut short: a stop request, or a worker died while starting."""
 
 
 def _watch_start(starting: list[bool], aborted: list[bool], main_thread: int) -> None:
@@ -154,58 +151,142 @@ def _watch_start(starting: list[bool], aborted: list[bool], main_thread: int) ->
         time.sleep(0.1)
 
 
-def _kill_started_workers() -> None:
-    for proc in multiprocessing.active_children():
+def _process_table() -> dict[int, list[int]]:
+    """Parent PID -> child PIDs of every process (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # not a process, or gone meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _children(pid: int) -> set[int]:
+    return set(_process_table().get(pid, []))
+
+
+def _kill_trees(pids: list[int]) -> None:
+    """SIGKILL each process in ``pids`` with all its descendants."""
+    table, todo, doomed = _process_table(), list(pids), []
+    while todo:
+        pid = todo.pop()
+        doomed.append(pid)
+        todo += table.get(pid, [])
+    for pid in doomed:
         with contextlib.suppress(OSError):
-            proc.kill()
+            os.kill(pid, signal.SIGKILL)
+
+
+def _stopped_before_training(signum: int, workers: list[int], when: str) -> SystemExit:
+    stopped = f"; worker process(es) {sorted(workers)} stopped" if workers else ""
+    sys.stderr.write(
+        f"rl-gap: {signal.Signals(signum).name} {when}: nothing was trained{stopped}\n"
+    )
+    sys.stderr.flush()
+    return SystemExit(128 + signum)
+
+
+def _stop_workers_before_training(workers: list[Any], started: Any, signum: int) -> None:
+    """The launcher was signalled before every worker reached training: stop them all promptly.
+
+    The workers were sent SIGTERM; one still starting may be blocked in the rendezvous with
+    one that died of it, and torch would wait twice 30 s before killing it. Nothing was
+    trained, so after ``STARTUP_GRACE_S`` the workers and their own children are killed and
+    reaped, and the launcher exits ``128 + signum`` (the run lock is released after that).
+    Returns without stopping anything when every worker reached training meanwhile.
+    """
+    deadline = time.monotonic() + STARTUP_GRACE_S
+    while time.monotonic() < deadline and any(p.is_alive() for p in workers):
+        if started.value >= len(workers):
+            return  # all of them train: they agree on the stop, save and exit together
+        time.sleep(0.05)
+    if started.value >= len(workers):
+        return
+    _kill_trees([p.pid for p in workers if p.is_alive()])
+    for proc in workers:
         proc.join(timeout=WAIT_FOR_RANKS_S)
+    raise _stopped_before_training(signum, [p.pid for p in workers], "before training started")
 
 
 @contextlib.contextmanager
 def _spawn_launch(launcher: Any) -> Iterator[None]:
     started: list[Any] = []
-    starting = [False]
+    starting, aborted, stopping = [False], [False], [False]
+    trained: Any = None  # shared with the workers: how many reached training
 
     def pass_on() -> None:
         for proc in [p for p in started or _alive_workers(launcher) if p.is_alive()]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
 
-    aborted = [False]
+    def stop(signum: int) -> None:
+        workers = started or list(getattr(launcher, "procs", []) or [])
+        if stopping[0] or not workers or trained is None:
+            return  # acted on already, or once the workers exist
+        stopping[0] = True
+        pass_on()
+        _stop_workers_before_training(workers, trained, signum)
 
     def forward(signum: int, frame: Any) -> None:
         # the launcher trains nothing: record, pass the stop on to the workers (SIGTERM
         # even for Ctrl-C: their first signal decides their exit status); while workers
-        # are being started, wait until all exist, unless one died while starting
-        if starting[0] and aborted[0]:
+        # are being started nothing can have been trained: the start is cut short
+        if not (starting[0] and aborted[0]):  # (not the start watcher's own wake-up)
+            request_stop(signum)
+        if starting[0]:
             raise _StartAborted
-        request_stop(signum)
-        if not starting[0]:
-            pass_on()
+        stop(signum)
 
     original_start = mp.start_processes
 
     def start_processes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        starting[0] = True  # a stop now is passed on once every worker exists
+        nonlocal trained
+        signum = stop_requested()
+        if signum is not None:  # signalled before any worker exists: none is started
+            raise _stopped_before_training(signum, [], "before the workers were started")
+        trained = multiprocessing.get_context(kwargs.get("start_method", "spawn")).Value("i", 0)
+        before = _children(os.getpid())  # the workers are the children started from here
+        starting[0] = True
         watch = threading.Thread(
             target=_watch_start, args=(starting, aborted, threading.get_ident()), daemon=True
         )
         watch.start()
         try:
-            context = original_start(functools.partial(_rank_entry, fn), *args, **kwargs)
+            context = original_start(
+                functools.partial(run_spawned_rank, trained, fn), *args, **kwargs
+            )
             started[:] = context.processes
         except _StartAborted:
+            # the worker being started is not a multiprocessing child yet: found by its PID
             starting[0] = False
-            _kill_started_workers()
-            sys.stderr.write(
-                "rl-gap: a worker died while the workers were starting (signalled?): nothing "
-                "was trained; every worker stopped\n"
-            )
-            raise SystemExit(SIGTERM_EXIT_CODE) from None
+            workers = sorted(_children(os.getpid()) - before)
+            _kill_trees(workers)
+            joined = multiprocessing.active_children()
+            for proc in joined:
+                proc.join(timeout=WAIT_FOR_RANKS_S)
+            for pid in set(workers) - {p.pid for p in joined}:  # reaped by nobody else
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            signum = stop_requested()
+            if signum is None:
+                sys.stderr.write(
+                    "rl-gap: a worker died while the workers were starting (signalled?): "
+                    "nothing was trained; every worker stopped\n"
+                )
+                raise SystemExit(SIGTERM_EXIT_CODE) from None
+            raise _stopped_before_training(
+                signum, workers, "while the workers were starting"
+            ) from None
         finally:
             starting[0] = False
-        if stop_requested() is not None:
-            pass_on()
+        signum = stop_requested()
+        if signum is not None:
+            stop(signum)
         return context
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}

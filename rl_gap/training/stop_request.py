@@ -33,6 +33,8 @@ LAUNCHER_PID_ENV = "RL_GAP_LAUNCHER_PID"  # set by the launcher for the ranks it
 _PR_SET_PDEATHSIG = 1
 
 _requested: dict[str, int | None] = {"signum": None}
+# a counter shared with the ddp_spawn launcher: how many of its workers reached training
+_training_started: dict[str, Any] = {"counter": None, "counted": False}
 
 
 def _record(signum: int, frame: Any) -> None:
@@ -85,6 +87,34 @@ def die_with_launcher() -> None:
     if os.getppid() != launcher:
         sys.stderr.write("rl-gap: the launcher process is gone; this rank stops\n")
         os._exit(128 + signal.SIGTERM)
+
+
+def run_spawned_rank(started: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """A ddp_spawn worker's entry: die with the launcher, record SIGTERM, then run ``function``.
+
+    ``started`` (a shared integer) counts the workers that reached training
+    (:func:`note_training_started`). Light on imports: the worker runs it before torch
+    or Lightning are loaded, so a SIGTERM is recorded from its first moments.
+    """
+    die_with_launcher()
+    listen_for_sigterm()
+    _training_started.update(counter=started, counted=False)
+    return function(*args)
+
+
+def note_training_started() -> None:
+    """Called once training is about to start (no effect outside a ddp_spawn worker).
+
+    The launcher reads the count when it is signalled: until every worker is counted,
+    nothing can have been trained, so it stops the workers after a short grace instead
+    of waiting for a save that cannot come.
+    """
+    counter = _training_started["counter"]
+    if counter is None or _training_started["counted"]:
+        return
+    with counter.get_lock():
+        counter.value += 1
+    _training_started["counted"] = True
 
 
 # ------------------------------------------------------------ DataLoader workers

@@ -1,5 +1,6 @@
 """One training epoch with 2 CPU processes (DDP, gloo): global m-per-class batches, gathered loss."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ class CheckGlobalBatch(Callback):
 
 
 @pytest.mark.ddp
-def test_two_process_ddp_epoch(run_dir):
+def test_two_process_ddp_epoch(run_dir, capsys):
     argv = [
         "fit", "--config", "recipes/demo/mnist_gsap.yaml", "--output_dir", str(run_dir),
         "--wandb", "off", "--trainer.devices", "2", "--trainer.strategy", "ddp_spawn",
@@ -43,3 +44,6 @@ def test_two_process_ddp_epoch(run_dir):
         Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", weights_only=False
     )
     assert last["global_step"] == 3
+    # the launcher's summary names the metrics file the rank-0 worker wrote (not version_1)
+    summary = re.search(r"metrics \(CSV\)\s+(\S+)", capsys.readouterr().out)
+    assert summary and Path(summary.group(1)).is_file(), summary
