@@ -30,6 +30,7 @@ import torch
 
 from rl_gap.metrics.tail.hardness import estimate_hardness, sample_excesses
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
+from rl_gap.metrics.tail.registry import get_estimator
 
 #: Exceedance counts of the threshold-stability refits.
 THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
@@ -162,10 +163,7 @@ def diagnose(
     out = Diagnostics()
     if budget is None:
         budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
-    if estimator == "evt":
-        _check_threshold(predictor, gallery_size, estimator, per_thr, out)
-    elif estimator == "evt_support":
-        _check_sample_threshold(predictor, gallery_size, budget["noise"], out)
+    get_estimator(estimator).check_threshold(predictor, gallery_size, budget["noise"], per_thr, out)
     out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
     if not budget["converged"]:
         out.flags.append(
@@ -181,7 +179,7 @@ def sample_thresholds(n_sample: int, config) -> tuple[int, ...]:
     return tuple(sorted({max(MIN_EXCESSES, n // 2), max(MIN_EXCESSES, n), 2 * n}))
 
 
-def _check_sample_threshold(predictor, gallery_size: int, noise: float, out: Diagnostics) -> None:
+def check_sample_thresholds(predictor, gallery_size: int, noise: float, out: Diagnostics) -> None:
     """``evt_support``: flag a prediction that moves with the threshold by more than its
     query noise, and a sample whose top scores the fitted tail cannot produce."""
     rows = predictor.query_ok
@@ -247,7 +245,9 @@ def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
     return float(apart[rows].double().mean())
 
 
-def _check_threshold(predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics) -> None:
+def check_fixed_thresholds(
+    predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics
+) -> None:
     """Fill ``out``'s threshold maps, spread and shape shift, and flag an unstable threshold."""
     rows = predictor.query_ok
     per_thr = per_thr or threshold_predictions(predictor, gallery_size, estimator=refit)
