@@ -45,7 +45,17 @@ class SampleMetric(Estimator):
     joint_bootstrap = True
     realized = True
 
+    separable_rows = True
+
     def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        views = predictor.row_views()
+        if views is not None:
+            return torch.cat(
+                [
+                    self.per_query(v, gallery_size, rank_law, level, v.weight(weight), bayes)
+                    for v in views
+                ]
+            )
         top, _ = predictor.level(level)
         counts, _ = sample_counts(predictor.pos_sorted, predictor.valid, top, weight)
         return ap_at_k_from_counts(predictor.j, predictor.valid, counts, predictor.k)
@@ -56,6 +66,7 @@ class HardnessEstimator(Estimator):
 
     per_positive = True
     joint_bootstrap = True
+    separable_rows = True
 
     def hardness(self, predictor, level, weight):
         top, n = predictor.level(level)
@@ -64,9 +75,22 @@ class HardnessEstimator(Estimator):
         )
 
     def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
-        x, _, _ = predictor.hardness(self.name, level, weight)
-        return ap_at_k_from_hardness(
-            predictor.j, predictor.valid, x, gallery_size, predictor.k, rank_law
+        views = predictor.row_views() if self.separable_rows else None
+        if views is None:
+            x, _, _ = predictor.hardness(self.name, level, weight)
+            return ap_at_k_from_hardness(
+                predictor.j, predictor.valid, x, gallery_size, predictor.k, rank_law
+            )
+        # Many queries × positives: a block of rows at a time. The full sample's hardness
+        # is kept (the estimate reports it, curves reuse it); other levels are not.
+        levels = len(predictor.state.fractions)
+        if weight is None and level % levels == levels - 1:
+            x = predictor.hardness(self.name, level)[0]
+            parts = [(v, x[v.rows]) for v in views]
+        else:
+            parts = [(v, self.hardness(v, level, v.weight(weight))[0]) for v in views]
+        return torch.cat(
+            [ap_at_k_from_hardness(v.j, v.valid, x, gallery_size, v.k, rank_law) for v, x in parts]
         )
 
 
@@ -113,6 +137,7 @@ class PosteriorTail(HardnessEstimator):
     cost = "~7 plain fits (bias correction; bias_replicates=0: one)"
     rank_laws = (*RANK_LAWS, PREDICTIVE)
     own_rank_law = PREDICTIVE
+    separable_rows = False  # the empirical-Bayes prior pools every query's tail
 
     def hardness(self, predictor, level, weight):
         counts, post = predictor.tail_fit(level, weight)
@@ -178,7 +203,7 @@ class SingleX(CurveBaseline):
         mean = grid[ok].mean(0, keepdim=True)
         # λ = n·x at which the homogeneous map reproduces the sample's mAP at n = S.
         lam_s = invert_decreasing(lam, mean, measured[ok].mean().view(1))
-        _, n = predictor.level(level)
+        n = predictor.level_size(level)
         at = (lam_s * gallery_size / n).expand(grid.shape[0])
         return interpolate(lam, grid.nan_to_num(0.0), at)
 
@@ -200,8 +225,8 @@ class CurveFit(CurveBaseline):
         return torch.full((predictor.pos_sorted.shape[0],), math.nan, dtype=torch.float64)
 
     def predict_rows(self, predictor, gallery_size, rows, pick):
-        levels = [i for i in range(len(predictor.state.fractions)) if predictor.level(i)[1] > 0]
-        sizes = torch.tensor([float(predictor.level(i)[1]) for i in levels], dtype=torch.float64)
+        levels = [i for i in range(len(predictor.state.fractions)) if predictor.level_size(i) > 0]
+        sizes = torch.tensor([float(predictor.level_size(i)) for i in levels], dtype=torch.float64)
         per_level = torch.stack(
             [predictor.per_query("sample", 1, level=i)[rows] for i in levels], 1
         )  # (q, L)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rl_gap.metrics.tail.rows import ROW_BLOCK_VALUES
 from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
 if TYPE_CHECKING:
@@ -49,8 +50,15 @@ def bootstrap_ci(
     values = per_query[~torch.isnan(per_query)].to(torch.float64)
     if values.numel() == 0:
         return (math.nan, math.nan)
-    idx = torch.randint(0, values.numel(), (n_boot, values.numel()), generator=generator)
-    return percentile_interval(values[idx].mean(1), confidence)
+    # Replicates drawn in chunks (the same draws as one (n_boot, Q) matrix): memory is a
+    # block, not n_boot × Q.
+    chunk = max(1, ROW_BLOCK_VALUES // values.numel())
+    means = []
+    for start in range(0, n_boot, chunk):
+        rows = min(chunk, n_boot - start)
+        idx = torch.randint(0, values.numel(), (rows, values.numel()), generator=generator)
+        means.append(values[idx].mean(1))
+    return percentile_interval(torch.cat(means), confidence)
 
 
 def joint_bootstrap(

@@ -21,12 +21,18 @@ from rl_gap.metrics.tail.bayes import (
 from rl_gap.metrics.tail.diagnostics import diagnose as diagnose_prediction
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, TailFit, sample_counts
 from rl_gap.metrics.tail.inputs import EstimateRequest, check_predictor_inputs, resolve_request
-from rl_gap.metrics.tail.intervals import bootstrap_ci, joint_bootstrap
+from rl_gap.metrics.tail.intervals import joint_bootstrap
 from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
 from rl_gap.metrics.tail.rank_law import sort_positives
 from rl_gap.metrics.tail.registry import get_estimator, resolve_rank_law
 from rl_gap.metrics.tail.results import TailEstimate
+from rl_gap.metrics.tail.rows import RowView, concat_rows, fill_rows, row_slices
 from rl_gap.metrics.tail.sampling import NestedTopK
+from rl_gap.metrics.tail.sub_samples import (
+    budget_check,
+    measured_on_sub_samples,
+    prediction_curve,
+)
 
 #: The stages :meth:`TailPredictor.estimate` reports to ``on_stage``, in order.
 ESTIMATE_STAGES = ("fit", "interval", "joint bootstrap", "budget", "checks", "done")
@@ -68,7 +74,9 @@ class TailPredictor:
         self.bayes = bayes
         self.state = state
         self.seed = seed
-        self.pos_sorted, self.valid, self.j = sort_positives(pos_scores)
+        blocks = row_slices(pos_scores.shape[0], pos_scores.shape[1])
+        sorted_rows = [sort_positives(pos_scores[rows]) for rows in blocks]
+        self.pos_sorted, self.valid, self.j = concat_rows(sorted_rows)
         self.query_ok = self.valid.any(1)
         self.sample_size = int(state.seen.sum())
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
@@ -91,11 +99,29 @@ class TailPredictor:
     def level(self, index: int = -1) -> tuple[torch.Tensor, int]:
         """(top (Q, T) sorted descending, size) of nested sub-sample ``index``."""
         index = index % len(self.state.fractions)
-        if index not in self._levels:
+        if index in self._levels:
+            return self._levels[index]
+        views = self.row_views()
+        if views is None:
             top, keys, size = self.state.level_with_keys(index)
-            self._levels[index] = (top, size)
-            self._level_keys[index] = keys
+        else:  # many queries: built a block of rows at a time
+            blocks = ((v.rows, self.state.level_with_keys(index, v.rows)) for v in views)
+            top, keys, size = fill_rows(self.pos_sorted.shape[0], blocks)
+        if index != len(self.state.fractions) - 1 and views is not None:
+            # The sub-sample levels are read a block of rows at a time (``rows.RowView.level``);
+            # one asked for whole is not kept.
+            return top, size
+        self._levels[index] = (top, size)
+        self._level_keys[index] = keys
         return self._levels[index]
+
+    def cached_level(self, index: int = -1) -> tuple[torch.Tensor, int] | None:
+        """:meth:`level` if it is kept, else None."""
+        return self._levels.get(index % len(self.state.fractions))
+
+    def level_size(self, index: int = -1) -> int:
+        """The size of nested sub-sample ``index`` (its top scores not built)."""
+        return int(self.state.seen[: index % len(self.state.fractions) + 1].sum())
 
     def level_keys(self, index: int = -1) -> torch.Tensor | None:
         """(Q, T) distractor keys aligned with :meth:`level` (None if the state has none)."""
@@ -136,7 +162,13 @@ class TailPredictor:
         key = (estimator, level % len(self.state.fractions))
         if weight is None and key in self._hardness:
             return self._hardness[key]
-        out = get_estimator(estimator).hardness(self, level, weight)
+        est = get_estimator(estimator)
+        views = self.row_views() if est.separable_rows else None
+        if views is None:
+            out = est.hardness(self, level, weight)
+        else:
+            n = self.pos_sorted.shape[0]
+            out = fill_rows(n, ((v.rows, est.hardness(v, level, v.weight(weight))) for v in views))
         if weight is None:
             self._hardness[key] = out
         return out
@@ -195,6 +227,15 @@ class TailPredictor:
         law = resolve_rank_law(est, rank_law)
         ap = est.per_query(self, gallery_size, law, level, weight, bayes)
         return torch.where(self.query_ok, ap, torch.full_like(ap, math.nan))
+
+    def row_views(self, cached: tuple | None = None) -> list[RowView] | None:
+        """Blocks of query rows when the per-positive arrays exceed one block (``rows``);
+        None when one block holds them, or when ``cached`` hardness is already at hand."""
+        if cached is not None and cached in self._hardness:
+            return None
+        width = max(self.pos_sorted.shape[1], self.state.capacity)
+        blocks = row_slices(self.pos_sorted.shape[0], width)
+        return None if len(blocks) == 1 else [RowView(self, rows) for rows in blocks]
 
     def memo(self, key: str, build):
         """``build()`` once per predictor (an estimator's data that does not depend on N)."""
@@ -331,40 +372,8 @@ class TailPredictor:
         confidence: float = 0.95,
         ci: tuple[float, float] | None = None,
     ) -> dict:
-        """Sufficient-budget diagnostic (paper App. D).
-
-        Predictions from the nested sub-samples S/4, S/2 and S side by side;
-        ``converged`` when their spread (max − min) is below the query
-        noise, the half-width of the query-bootstrap interval at S.
-        """
-        fractions = self.state.fractions
-        picks = [
-            i for i, f in enumerate(fractions) if any(abs(f - g) < 1e-9 for g in (0.25, 0.5, 1.0))
-        ]
-        rows = []
-        for i in picks:
-            _, n = self.level(i)
-            pq = self.per_query(estimator, max(gallery_size, n), rank_law, level=i)
-            rows.append(
-                {"fraction": fractions[i], "sample_size": n, "map": float(pq[self.query_ok].mean())}
-            )
-        if ci is None:
-            # The check needs the query noise even when no interval was asked for.
-            ci = bootstrap_ci(
-                self.per_query(estimator, gallery_size, rank_law),
-                max(int(n_boot), 200),
-                confidence,
-                self.generator(),
-            )
-        noise = (ci[1] - ci[0]) / 2.0
-        maps = [r["map"] for r in rows]
-        spread = max(maps) - min(maps) if maps else math.nan
-        return {
-            "levels": rows,
-            "spread": spread,
-            "noise": noise,
-            "converged": bool(spread <= noise),
-        }
+        """Sufficient-budget diagnostic (paper App. D): :func:`sub_samples.budget_check`."""
+        return budget_check(self, estimator, gallery_size, rank_law, n_boot, confidence, ci)
 
     def curve(
         self,
@@ -375,31 +384,8 @@ class TailPredictor:
         confidence: float = 0.95,
     ) -> tuple[list[float], list[float], list[float]]:
         """Predicted mAP@k and interval at each gallery size (hardness computed once)."""
-        est = get_estimator(estimator)
-        maps, los, his = [], [], []
-        for n in sizes:
-            pq = self.per_query(est.name, int(n), rank_law)
-            mean, (lo, hi) = est.point_and_interval(self, int(n), pq, n_boot, confidence)
-            maps.append(mean)
-            los.append(lo)
-            his.append(hi)
-        return maps, los, his
+        return prediction_curve(self, estimator, sizes, rank_law, n_boot, confidence)
 
     def measured(self, n_boot: int = 500, confidence: float = 0.95) -> list[dict]:
         """The metric measured on each nested sub-sample gallery (S/8 … S)."""
-        out = []
-        for i, f in enumerate(self.state.fractions):
-            _, n = self.level(i)
-            if n == 0:
-                continue
-            pq = self.per_query("sample", n, level=i)
-            lo, hi = bootstrap_ci(pq, n_boot, confidence, self.generator())
-            out.append(
-                {
-                    "fraction": f,
-                    "sample_size": n,
-                    "map": float(pq[self.query_ok].mean()),
-                    "ci": [lo, hi],
-                }
-            )
-        return out
+        return measured_on_sub_samples(self, n_boot, confidence)

@@ -43,6 +43,8 @@ class Estimator:
         joint_bootstrap: takes ``nested_boot`` (distractor sample resampled).
         realized: predicts the sample gallery's own metric (N = S), not N's.
         rank_laws: the ``rank_law=`` values it accepts; ``own_rank_law`` is ``None``'s.
+        separable_rows: each query's values depend on its own rows alone, so they
+            may be computed a block of queries at a time (``rows``).
     """
 
     name: str = ""
@@ -53,6 +55,7 @@ class Estimator:
     realized: bool = False
     rank_laws: tuple[str, ...] = RANK_LAWS
     own_rank_law: str = "plugin"
+    separable_rows: bool = False
 
     def kept_depth(self, config: TailConfig) -> int:
         """Top scores per query this estimator and its checks read (the state's depth).
