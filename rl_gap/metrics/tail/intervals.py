@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl_gap.metrics.tail.rows import ROW_BLOCK_VALUES
+from rl_gap.metrics.tail import rows as row_blocks
 from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def bootstrap_ci(
         return (math.nan, math.nan)
     # Replicates drawn in chunks (the same draws as one (n_boot, Q) matrix): memory is a
     # block, not n_boot × Q.
-    chunk = max(1, ROW_BLOCK_VALUES // values.numel())
+    chunk = max(1, row_blocks.ROW_BLOCK_VALUES // values.numel())
     means = []
     for start in range(0, n_boot, chunk):
         rows = min(chunk, n_boot - start)

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 ROW_BLOCK_VALUES = 1 << 21
 
 
-def row_slices(n_rows: int, width: int, block_values: int = ROW_BLOCK_VALUES) -> list[slice]:
-    """Consecutive row slices of at most ``block_values // width`` rows (one slice if all fit)."""
+def row_slices(n_rows: int, width: int, block_values: int | None = None) -> list[slice]:
+    """Consecutive row slices of at most ``block_values // width`` rows (one slice if all fit;
+    default :data:`ROW_BLOCK_VALUES`)."""
+    block_values = ROW_BLOCK_VALUES if block_values is None else block_values
     rows = max(1, block_values // max(int(width), 1))
     return [slice(start, min(n_rows, start + rows)) for start in range(0, max(n_rows, 1), rows)]
 

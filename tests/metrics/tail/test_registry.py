@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_gap.metrics.tail import Estimator, available_estimators, predict_map, register_estimator
-from rl_gap.metrics.tail import registry
+from rl_gap.metrics.tail import (
+    Estimator,
+    available_estimators,
+    predict_map,
+    register_estimator,
+    registry,
+)
 from rl_gap.metrics.tail.estimate import ESTIMATORS, HARDNESS_ESTIMATORS
 from rl_gap.metrics.tail.registry import resolve_rank_law
 
