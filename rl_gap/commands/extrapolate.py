@@ -26,17 +26,11 @@ declares the score range the default estimator bounds its tail by.
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
-import io
-import json
-import os
 import sys
 
 import numpy as np
 import torch
 
-from rl_gap.commands.atomic_output import write_text_atomic
 from rl_gap.commands.extrapolate_inputs import (  # noqa: F401  (names kept importable here)
     check_embeddings,
     folder_labels,
@@ -46,23 +40,28 @@ from rl_gap.commands.extrapolate_inputs import (  # noqa: F401  (names kept impo
     same_file,
     top_positive_scores,
 )
-from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor
+from rl_gap.commands.extrapolate_output import (  # noqa: F401  (names kept importable here)
+    CSV_COLUMNS,
+    TABLE_WIDTH,
+    Progress,
+    check_plot_path,
+    emit,
+    results_csv,
+    write_json,
+)
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
-from rl_gap.metrics.tail.diagnostics import THRESHOLD_EXCESSES
-from rl_gap.metrics.tail.estimate import PREDICTIVE
+from rl_gap.metrics.tail.build import new_state, tail_predictor
 from rl_gap.metrics.tail.hardness import SIMILARITY_RANGES, TailConfig, resolve_score_range
 from rl_gap.metrics.tail.predictor import ESTIMATE_STAGES
 from rl_gap.metrics.tail.rank_law import RANK_LAWS
-from rl_gap.metrics.tail.sampling import (
-    DEFAULT_FRACTIONS,
-    NestedTopK,
-    hash_uniform,
-    part_of,
-    stream_scores,
+from rl_gap.metrics.tail.registry import (
+    DEFAULT_ESTIMATOR,
+    PREDICTIVE,
+    available_estimators,
+    get_estimator,
 )
+from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, hash_uniform, part_of, stream_scores
 
-#: Widest table printed (columns), whatever the terminal.
-TABLE_WIDTH = 100
 #: Query-by-distractor scores held per streamed block (float32: 256 MiB).
 SCORE_BLOCK = 1 << 26
 
@@ -95,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--estimators",
         default=DEFAULT_ESTIMATOR,
-        help=f"comma-separated subset of {','.join(ESTIMATORS)}",
+        help=f"comma-separated subset of {','.join(available_estimators())}",
     )
     add(
         "--similarity",
@@ -147,51 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-progress", action="store_true", help="no progress bars (on stderr)")  # fmt: skip
 
 
-class _Progress:
-    """One rich progress bar per stage on stderr; a no-op with ``enabled=False``."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn("{task.description:<40}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-            )
-            self.bar.start()
-
-    def stage(self, description: str, total: int):
-        """A callable ``update(done[, text])`` for a new stage of ``total`` steps."""
-        if self.bar is None:
-            return lambda done, text=None: None
-        task = self.bar.add_task(description, total=total)
-
-        def update(done: int, text: str | None = None) -> None:
-            label = description if text is None else f"{description}: {text}"
-            self.bar.update(task, completed=done, description=label)
-
-        return update
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _check_options(args, estimators: list[str]) -> None:
-    unknown = [e for e in estimators if e not in ESTIMATORS]
+    known = available_estimators()
+    unknown = [e for e in estimators if e not in known]
     if unknown or not estimators:
-        raise ValueError(f"unknown estimators {unknown}; known: {', '.join(ESTIMATORS)}")
+        raise ValueError(f"unknown estimators {unknown}; known: {', '.join(known)}")
     if args.k < 1:
         raise ValueError(f"--k must be >= 1, got {args.k}")
     for option, value, minimum in (
@@ -215,7 +174,7 @@ def _score_range(args) -> tuple[float, float] | None:
     return resolve_score_range(pair)
 
 
-def _positives(args, queries, positives, k: int, progress: _Progress) -> torch.Tensor:
+def _positives(args, queries, positives, k: int, progress: Progress) -> torch.Tensor:
     """(Q, w) each query's top-k positive scores (``top_positive_scores``)."""
     n_queries, n_pos = queries.shape[0], positives.shape[0]
     update = progress.stage("scoring positives", n_queries)
@@ -259,71 +218,83 @@ def run(args: argparse.Namespace) -> int:
     score_range = _score_range(args)
     if args.plot:
         check_plot_path(args.plot)
-    queries_raw = load_array(args.queries, "--queries", "(Q, d) float")
-    check_embeddings(queries_raw, "queries")
-    positives_raw = load_array(args.positives, "--positives", "(P, d) float")
-    check_embeddings(positives_raw, "positives", queries_raw.shape[1])
-    distractors = load_array(args.distractors, "--distractors", "(S, d) float")
-    check_embeddings(distractors, "distractors", queries_raw.shape[1])
-    S = distractors.shape[0]
-    if args.gallery_size < S:
-        raise ValueError(f"--gallery-size ({args.gallery_size}) must be >= the sample size ({S})")
-
-    def prep(x) -> torch.Tensor:
-        t = torch.tensor(np.asarray(x), dtype=torch.float32)  # copy: memory maps are read-only
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError("embeddings contain NaN or ±inf")
-        return torch.nn.functional.normalize(t, dim=1) if args.l2_normalize else t
-
+    queries_raw, positives_raw, distractors = _load_embeddings(args)
+    prep = _embedding_reader(args.l2_normalize)
     queries, positives = prep(queries_raw), prep(positives_raw)
-    # AP@k is AP past the gallery's length: a larger k only costs memory.
-    k = min(args.k, args.gallery_size + positives.shape[0])
-    if k < args.k:
-        print(
-            f"note: --k {args.k:,} exceeds the gallery's length (N + positives = {k:,}); "
-            f"using k = {k:,} (the same metric)",
-            file=sys.stderr,
-        )
-    progress = _Progress(not args.no_progress)
+    k = _capped_k(args.k, args.gallery_size + positives.shape[0])
+    progress = Progress(not args.no_progress)
     try:
-        out, predictor = _predict(args, estimators, queries, positives, distractors, k,
-                                  score_range, prep, progress)  # fmt: skip
-        _emit(out, args.format)
+        pos = _positives(args, queries, positives, k, progress)
+        config = TailConfig(score_range=score_range)
+        state = _score_sample(args, estimators, queries, distractors, k, config, prep, progress)
+        bayes = BayesTailConfig(bias_replicates=args.bias_replicates)
+        predictor = tail_predictor(pos, state, k, config=config, seed=args.seed, bayes=bayes)
+        out = _estimate_all(args, estimators, predictor, score_range, progress)
+        emit(out, args.format)
         # Results first: a failing plot must never lose them.
-        _write_json(args.json, out, quiet=args.format != "table")
+        write_json(args.json, out, quiet=args.format != "table")
         if args.plot:
-            from rl_gap.metrics.tail.plot import plot_extrapolation
-
-            update = progress.stage("plot", 1)
-            out["plot"] = plot_extrapolation(
-                predictor, args.gallery_size, args.plot, tuple(estimators), args.rank_law,
-                n_boot=min(args.n_boot, 200) or 200,
-            )  # fmt: skip
-            update(1)
-            print(f"plot written to {args.plot}", file=sys.stderr)
-            _write_json(args.json, out, quiet=True)
+            _plot(args, estimators, predictor, out, progress)
     finally:
         progress.close()
     return 0
 
 
-def _predict(args, estimators, queries, positives, distractors, k, score_range, prep, progress):
+def _load_embeddings(args):
+    """(queries, positives, distractors) as loaded (memory maps stay maps), shapes checked."""
+    queries = load_array(args.queries, "--queries", "(Q, d) float")
+    check_embeddings(queries, "queries")
+    positives = load_array(args.positives, "--positives", "(P, d) float")
+    check_embeddings(positives, "positives", queries.shape[1])
+    distractors = load_array(args.distractors, "--distractors", "(S, d) float")
+    check_embeddings(distractors, "distractors", queries.shape[1])
+    if args.gallery_size < distractors.shape[0]:
+        raise ValueError(
+            f"--gallery-size ({args.gallery_size}) must be >= the sample size "
+            f"({distractors.shape[0]})"
+        )
+    return queries, positives, distractors
+
+
+def _embedding_reader(l2_normalize: bool):
+    """``prep(x)``: a float32 tensor copy of rows ``x``, finite, L2-normalised if asked."""
+
+    def prep(x) -> torch.Tensor:
+        t = torch.tensor(np.asarray(x), dtype=torch.float32)  # copy: memory maps are read-only
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError("embeddings contain NaN or ±inf")
+        return torch.nn.functional.normalize(t, dim=1) if l2_normalize else t
+
+    return prep
+
+
+def _capped_k(k: int, length: int) -> int:
+    """AP@k is AP past the gallery's length (N + positives): a larger k only costs memory."""
+    if k <= length:
+        return k
+    print(
+        f"note: --k {k:,} exceeds the gallery's length (N + positives = {length:,}); "
+        f"using k = {length:,} (the same metric)",
+        file=sys.stderr,
+    )
+    return length
+
+
+def _score_sample(args, estimators, queries, distractors, k, config, prep, progress):
+    """The nested top-T state of the distractor sample, streamed in blocks."""
     S = distractors.shape[0]
-    pos = _positives(args, queries, positives, k, progress)
     part = None
     if args.distractor_ids:
         ids = np.asarray(load_array(args.distractor_ids, "--distractor-ids", "(S,) ints"))
         if ids.shape != (S,):
             raise ValueError(f"--distractor-ids must have shape ({S},), got {ids.shape}")
         part = part_of(torch.from_numpy(hash_uniform(ids, args.seed)), DEFAULT_FRACTIONS)
-
-    config = dataclasses.replace(TailConfig(), score_range=score_range)
-    # Kept per query: what k needs, what the fits and checks read (the paper's evt reads
-    # its top 4,000; evt_support at most 401, tail 101), and never more than the sample.
-    depth = config.n_top if "evt" in estimators else 2 * max(THRESHOLD_EXCESSES) + 1
-    capacity = min(max(k, depth), S)
-    # Keyed by row: the nested bootstrap then resamples distractors jointly across queries.
-    state = NestedTopK(queries.shape[0], capacity, DEFAULT_FRACTIONS, keyed=args.nested_boot > 0)
+    # Kept per query: what k and the requested estimators read, never more than the sample;
+    # keyed by row, the nested bootstrap resamples distractors jointly across queries.
+    state = new_state(
+        queries.shape[0], k, config, estimators=estimators, sample_size=S,
+        keyed=args.nested_boot > 0,
+    )  # fmt: skip
     update = progress.stage("scoring distractors", S)
 
     class _Checked:  # validates each block as it is read, so a memory map is never loaded whole
@@ -336,123 +307,43 @@ def _predict(args, estimators, queries, positives, distractors, k, score_range, 
     block = min(args.block_size, max(1024, SCORE_BLOCK // queries.shape[0]))
     stream_scores(queries, _Checked(), state, part=part, block_size=block,
                   progress=update)  # fmt: skip
-    bayes = BayesTailConfig(bias_replicates=args.bias_replicates)
-    predictor = TailPredictor(pos, state, k, config, args.seed, bayes)
+    return state
+
+
+def _estimate_all(args, estimators, predictor, score_range, progress) -> dict:
+    """Every requested estimator's result, and the metric measured on the sub-samples."""
     results = {}
     for name in estimators:
         update = progress.stage(f"{name}", len(ESTIMATE_STAGES) - 1)
         est = predictor.estimate(
             name, args.gallery_size, args.rank_law, args.n_boot, nested_boot=args.nested_boot,
-            budget=name in HARDNESS_ESTIMATORS,
+            budget=get_estimator(name).per_positive,
             on_stage=lambda stage, update=update: update(ESTIMATE_STAGES.index(stage), stage),
         )  # fmt: skip
         results[name] = est.to_dict()
     update = progress.stage("measured on the sub-samples", 1)
     measured = predictor.measured(n_boot=min(args.n_boot, 500))
     update(1)
-    out = {
+    return {
         "gallery_size": args.gallery_size,
-        "k": k,
-        "sample_size": S,
+        "k": predictor.k,
+        "sample_size": predictor.sample_size,
         "n_queries": predictor.n_queries_valid,
         "n_excluded": predictor.n_excluded,
         "score_range": None if score_range is None else list(score_range),
         "estimators": results,
         "measured": measured,
     }
-    return out, predictor
 
 
-def _write_json(path: str | None, out: dict, quiet: bool = False) -> None:
-    if not path:
-        return
-    write_text_atomic(path, json.dumps(out, indent=2))  # a full disk keeps the previous file
-    if not quiet:
-        print(f"results written to {path}")
+def _plot(args, estimators, predictor, out: dict, progress) -> None:
+    from rl_gap.metrics.tail.plot import plot_extrapolation
 
-
-def _emit(out: dict, fmt: str) -> None:
-    if fmt == "json":
-        json.dump(out, sys.stdout, indent=2)
-        print()
-    elif fmt == "csv":
-        sys.stdout.write(results_csv(out))
-    else:
-        _print_table(out)
-
-
-#: Columns of ``--format csv``, one row per estimator.
-CSV_COLUMNS = ("estimator", "map", "ci_low", "ci_high", "ci_total_low", "ci_total_high",
-               "budget_converged", "supported", "flags", "gallery_size", "k", "sample_size",
-               "n_queries")  # fmt: skip
-
-
-def results_csv(out: dict) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS)
-    for name, r in out["estimators"].items():
-        ci, total = r.get("ci") or [None, None], r.get("ci_total") or [None, None]
-        budget = r.get("budget")
-        writer.writerow([
-            name, r["map"], ci[0], ci[1], total[0], total[1],
-            "" if budget is None else budget["converged"], r.get("supported", ""),
-            "; ".join(r.get("flags", [])), out["gallery_size"], out["k"], out["sample_size"],
-            out["n_queries"],
-        ])  # fmt: skip
-    return buffer.getvalue()
-
-
-def check_plot_path(path: str) -> None:
-    """Raise ValueError unless matplotlib can write ``path``'s extension (checked before any work)."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    supported = FigureCanvasBase.get_supported_filetypes()
-    ext = os.path.splitext(path)[1].lstrip(".").lower()
-    if ext not in supported:
-        raise ValueError(
-            f"--plot {path!r}: unsupported image extension {ext or '(none)'!r}; "
-            f"use one of {', '.join(sorted(supported))}"
-        )
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"--plot {path!r}: folder {folder!r} does not exist")
-
-
-def _interval(ci) -> str:
-    return "-" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
-
-
-def _print_table(out: dict) -> None:
-    """The results in at most :data:`TABLE_WIDTH` columns; flags and notes listed below."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(
-        title=f"mAP@{out['k']} at N = {out['gallery_size']:,} from S = {out['sample_size']:,} "
-        f"({out['n_queries']} queries, {out['n_excluded']} excluded)",
-        title_justify="left",
-    )
-    for col in ("estimator", f"mAP@{out['k']}", "95% CI", "CI + threshold", "S/4 · S/2 · S", "ok"):
-        table.add_column(col, no_wrap=True)
-    lines = []
-    for name, r in out["estimators"].items():
-        budget = r.get("budget")
-        budget_txt = " ".join(f"{lv['map']:.3f}" for lv in budget["levels"]) if budget else ""
-        if name == "sample":
-            lines.append(f"{name}: the metric of the sample gallery (N = {out['sample_size']:,})")
-        if r.get("n_tail_fallback"):
-            lines.append(f"{name}: {r['n_tail_fallback']} degenerate tails counted")
-        if "nested_ci" in r:
-            lines.append(
-                f"{name}: joint CI {_interval(r['nested_ci'])} "
-                f"(distractor-sample sd {r['sample_noise_sd']:.4f})"
-            )
-        lines += [f"{name}: NOT SUPPORTED: {flag}" for flag in r.get("flags", [])]
-        ok = "" if "supported" not in r else ("yes" if r["supported"] else "NO")
-        table.add_row(name, f"{r['map']:.4f}", _interval(r["ci"]),
-                      _interval(r.get("ci_total")), budget_txt, ok)  # fmt: skip
-    console = Console(width=TABLE_WIDTH)
-    console.print(table)
-    for line in lines:
-        console.print(line, soft_wrap=False, overflow="fold", markup=False)
+    update = progress.stage("plot", 1)
+    out["plot"] = plot_extrapolation(
+        predictor, args.gallery_size, args.plot, tuple(estimators), args.rank_law,
+        n_boot=min(args.n_boot, 200) or 200,
+    )  # fmt: skip
+    update(1)
+    print(f"plot written to {args.plot}", file=sys.stderr)
+    write_json(args.json, out, quiet=True)

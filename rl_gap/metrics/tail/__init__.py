@@ -6,15 +6,21 @@ docs/definitions.md ("Per-query hardness"), estimators in docs/tail_extrapolatio
 The modules, in the order a prediction runs through them:
 
 - ``sampling``: the deterministic hash sampler and the streaming nested top-T state.
+- ``from_scores``: :func:`predict_map`, the one-call entry on a full (Q, S) sample matrix.
+- ``build``: the state's depth and :func:`tail_predictor`, the one builder every entry uses.
+- ``inputs``: the input checks, each made once, and the checked :class:`EstimateRequest`.
+- ``predictor``: :class:`TailPredictor`, the stages of a prediction and its caches.
+- ``registry``: :class:`Estimator`, ``available_estimators()``, ``get_estimator(name)``.
+- ``estimators``: the built-in estimators, each an object registered by name.
 - ``gpd``: the vectorised generalised-Pareto fit of the sample's tail.
 - ``hardness``: per-positive hardness x from sampled counts or the fitted tail (``evt``).
-- ``bayes``: the GPD posterior over the shape ξ (the ``tail`` estimator).
-- ``predictive`` (with ``bias``): the posterior-predictive survival and E[AP@k].
+- ``bayes``, ``posterior_predictive``, ``bias``: the ``tail`` estimator's posterior over
+  the shape ξ, its predictive E[AP@k] and its bias correction.
 - ``rank_law``: AP@k from hardness (plug-in ranks, Binomial/Poisson expectations).
 - ``baselines``: the paper's curve baselines (``single_x``, ``powerlaw``, ``loguniform``).
-- ``estimate``: the result type, the estimator registry ``ESTIMATORS`` and bootstrap intervals.
-- ``predictor``: :class:`TailPredictor`, every estimator from positives and a sample state.
-- ``predict``: :func:`predict_map`, the one-call entry on a full (Q, S) sample matrix.
+- ``intervals``: the query bootstrap and the joint (queries × sample) bootstrap.
+- ``diagnostics``: the threshold-stability and sufficient-budget checks (``flags``).
+- ``results``: :class:`TailEstimate`, what a prediction returns.
 - ``metric``: :class:`TailExtrapolatedMAP`, the streaming torchmetrics class (DDP-synced).
 - ``plot``: the ``rl-gap extrapolate --plot`` figure.
 
@@ -36,59 +42,73 @@ from rl_gap.lazy import lazy_exports
 _EXPORTS = {
     "DEFAULT_BAYES": ".bayes",
     "DEFAULT_CONFIG": ".hardness",
-    "DEFAULT_ESTIMATOR": ".estimate",
+    "DEFAULT_ESTIMATOR": ".registry",
     "DEFAULT_FRACTIONS": ".sampling",
     "ESTIMATORS": ".estimate",
     "HARDNESS_ESTIMATORS": ".estimate",
     "BayesTailConfig": ".bayes",
+    "Estimator": ".registry",
     "NestedTopK": ".sampling",
     "TailConfig": ".hardness",
-    "TailEstimate": ".estimate",
+    "TailEstimate": ".results",
     "TailExtrapolatedMAP": ".metric",
     "TailPredictor": ".predictor",
-    "bootstrap_ci": ".estimate",
-    "check_positive_scores": ".estimate",
+    "available_estimators": ".registry",
+    "bootstrap_ci": ".intervals",
+    "check_positive_scores": ".inputs",
+    "get_estimator": ".registry",
     "hash_uniform": ".sampling",
     "plot_extrapolation": ".plot",
-    "predict_map": ".predict",
-    "state_from_scores": ".predict",
+    "predict_map": ".from_scores",
+    "register_estimator": ".registry",
+    "state_from_scores": ".from_scores",
+    "tail_predictor": ".build",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
+    "BayesTailConfig",
     "DEFAULT_BAYES",
     "DEFAULT_CONFIG",
     "DEFAULT_ESTIMATOR",
     "DEFAULT_FRACTIONS",
     "ESTIMATORS",
+    "Estimator",
     "HARDNESS_ESTIMATORS",
-    "BayesTailConfig",
     "NestedTopK",
     "TailConfig",
     "TailEstimate",
     "TailExtrapolatedMAP",
     "TailPredictor",
+    "available_estimators",
     "bootstrap_ci",
     "check_positive_scores",
+    "get_estimator",
     "hash_uniform",
     "plot_extrapolation",
     "predict_map",
+    "register_estimator",
     "state_from_scores",
+    "tail_predictor",
 ]
 
 if TYPE_CHECKING:
     from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
-    from rl_gap.metrics.tail.estimate import (
-        DEFAULT_ESTIMATOR,
-        ESTIMATORS,
-        HARDNESS_ESTIMATORS,
-        TailEstimate,
-        bootstrap_ci,
-        check_positive_scores,
-    )
+    from rl_gap.metrics.tail.build import tail_predictor
+    from rl_gap.metrics.tail.estimate import ESTIMATORS, HARDNESS_ESTIMATORS
+    from rl_gap.metrics.tail.from_scores import predict_map, state_from_scores
     from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+    from rl_gap.metrics.tail.inputs import check_positive_scores
+    from rl_gap.metrics.tail.intervals import bootstrap_ci
     from rl_gap.metrics.tail.metric import TailExtrapolatedMAP
     from rl_gap.metrics.tail.plot import plot_extrapolation
-    from rl_gap.metrics.tail.predict import predict_map, state_from_scores
     from rl_gap.metrics.tail.predictor import TailPredictor
+    from rl_gap.metrics.tail.registry import (
+        DEFAULT_ESTIMATOR,
+        Estimator,
+        available_estimators,
+        get_estimator,
+        register_estimator,
+    )
+    from rl_gap.metrics.tail.results import TailEstimate
     from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform

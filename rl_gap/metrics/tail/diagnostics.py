@@ -30,6 +30,8 @@ import torch
 
 from rl_gap.metrics.tail.hardness import estimate_hardness, sample_excesses
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
+from rl_gap.metrics.tail.registry import get_estimator
+from rl_gap.metrics.tail.rows import concat_rows
 
 #: Exceedance counts of the threshold-stability refits.
 THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
@@ -99,12 +101,28 @@ def _evt_at(predictor, n_excess: int, estimator: str = "evt"):
     exceedances of the full sample."""
     cache = predictor.__dict__.setdefault("_evt_by_excess", {})
     if (estimator, n_excess) not in cache:
-        top, n = predictor.level(-1)
-        config = dataclasses.replace(predictor.config, n_excess=n_excess)
-        x, _, fit = estimate_hardness(
-            estimator, predictor.pos_sorted, predictor.valid, top, n, None, config
+        cache[(estimator, n_excess)] = _refit(predictor, n_excess, estimator)
+    return cache[(estimator, n_excess)]
+
+
+def _refit(rows, n_excess: int, estimator: str):
+    """(hardness, TailFit) of the GPD refitted to ``n_excess`` exceedances, on a predictor's rows."""
+    top, n = rows.level(-1)
+    config = dataclasses.replace(rows.config, n_excess=n_excess)
+    x, _, fit = estimate_hardness(estimator, rows.pos_sorted, rows.valid, top, n, None, config)
+    return x, fit
+
+
+def _fit_at(predictor, n_excess: int, estimator: str):
+    """The TailFit of :func:`_evt_at`, a block of queries at a time when they are many."""
+    views = predictor.row_views()
+    if views is None:
+        return _evt_at(predictor, n_excess, estimator)[1]
+    cache = predictor.__dict__.setdefault("_fit_by_excess", {})
+    if (estimator, n_excess) not in cache:
+        cache[(estimator, n_excess)] = concat_rows(
+            [_refit(v, n_excess, estimator)[1] for v in views]
         )
-        cache[(estimator, n_excess)] = (x, fit)
     return cache[(estimator, n_excess)]
 
 
@@ -125,16 +143,32 @@ def threshold_predictions(
             positive's smallest hardness over the fits.
         estimator: "evt" or "evt_support" (the refitted plug-in GPD).
     """
+    if combine not in (None, "min"):
+        raise ValueError(f"unknown combine {combine!r}; known: None, 'min'")
+    views = predictor.row_views()
+    if views is not None:  # many queries × positives: a block of rows at a time
+        parts = [_threshold_aps(v, gallery_size, excesses, combine, estimator) for v in views]
+        return (
+            concat_rows(parts)
+            if combine
+            else {n: concat_rows([p[n] for p in parts]) for n in excesses}
+        )
     xs = {n: _evt_at(predictor, n, estimator)[0] for n in excesses}
-    args = (predictor.j, predictor.valid)
+    return _aps(predictor, xs, gallery_size, combine)
+
+
+def _threshold_aps(rows, gallery_size, excesses, combine, estimator):
+    xs = {n: _refit(rows, n, estimator)[0] for n in excesses}
+    return _aps(rows, xs, gallery_size, combine)
+
+
+def _aps(rows, xs: dict, gallery_size: int, combine):
+    args = (rows.j, rows.valid)
     if combine == "min":
         x = torch.stack(list(xs.values())).amin(0)
-        return ap_at_k_from_hardness(*args, x, gallery_size, predictor.k, "plugin")
-    if combine is not None:
-        raise ValueError(f"unknown combine {combine!r}; known: None, 'min'")
+        return ap_at_k_from_hardness(*args, x, gallery_size, rows.k, "plugin")
     return {
-        n: ap_at_k_from_hardness(*args, x, gallery_size, predictor.k, "plugin")
-        for n, x in xs.items()
+        n: ap_at_k_from_hardness(*args, x, gallery_size, rows.k, "plugin") for n, x in xs.items()
     }
 
 
@@ -162,10 +196,7 @@ def diagnose(
     out = Diagnostics()
     if budget is None:
         budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
-    if estimator == "evt":
-        _check_threshold(predictor, gallery_size, estimator, per_thr, out)
-    elif estimator == "evt_support":
-        _check_sample_threshold(predictor, gallery_size, budget["noise"], out)
+    get_estimator(estimator).check_threshold(predictor, gallery_size, budget["noise"], per_thr, out)
     out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
     if not budget["converged"]:
         out.flags.append(
@@ -181,7 +212,7 @@ def sample_thresholds(n_sample: int, config) -> tuple[int, ...]:
     return tuple(sorted({max(MIN_EXCESSES, n // 2), max(MIN_EXCESSES, n), 2 * n}))
 
 
-def _check_sample_threshold(predictor, gallery_size: int, noise: float, out: Diagnostics) -> None:
+def check_sample_thresholds(predictor, gallery_size: int, noise: float, out: Diagnostics) -> None:
     """``evt_support``: flag a prediction that moves with the threshold by more than its
     query noise, and a sample whose top scores the fitted tail cannot produce."""
     rows = predictor.query_ok
@@ -214,12 +245,13 @@ def bump_bound(predictor, gallery_size: int, share: float) -> float:
     rate of outlying top scores (``share`` of the queries, one each in S), a lower bound
     when the copies outrank every positive."""
     x, _, _ = predictor.hardness("evt_support")
-    _, n_sample = predictor.level(-1)
-    raised = torch.where(predictor.valid, x + share / n_sample, x)
-    ap = ap_at_k_from_hardness(
-        predictor.j, predictor.valid, raised, gallery_size, predictor.k, "plugin"
-    )
-    return float(ap[predictor.query_ok].mean())
+    n_sample = predictor.level_size(-1)
+    aps = []
+    for v in predictor.row_views() or [predictor]:
+        rows = x[v.rows] if v is not predictor else x
+        raised = torch.where(v.valid, rows + share / n_sample, rows)
+        aps.append(ap_at_k_from_hardness(v.j, v.valid, raised, gallery_size, v.k, "plugin"))
+    return float(torch.cat(aps)[predictor.query_ok].mean())
 
 
 def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
@@ -247,7 +279,9 @@ def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
     return float(apart[rows].double().mean())
 
 
-def _check_threshold(predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics) -> None:
+def check_fixed_thresholds(
+    predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics
+) -> None:
     """Fill ``out``'s threshold maps, spread and shape shift, and flag an unstable threshold."""
     rows = predictor.query_ok
     per_thr = per_thr or threshold_predictions(predictor, gallery_size, estimator=refit)
@@ -257,7 +291,7 @@ def _check_threshold(predictor, gallery_size: int, refit: str, per_thr, out: Dia
     shallow, deep = min(per_thr), max(per_thr)
     xi = {}
     for n in (shallow, deep):
-        fit = _evt_at(predictor, n, refit)[1]
+        fit = _fit_at(predictor, n, refit)
         ok = fit.ok & rows
         xi[n] = float(fit.xi[ok].median()) if bool(ok.any()) else float("nan")
     out.shape_shift = xi[deep] - xi[shallow]

@@ -103,52 +103,97 @@ def fit_gpd(
         raise ValueError(f"excess must be (Q, n), got shape {tuple(excess.shape)}")
     if not -1.0 <= xi_min <= 0.0:
         raise ValueError(f"xi_min must lie in [-1, 0], got {xi_min}")
-    y = excess.to(torch.float64)
-    finite = torch.isfinite(y)
-    w = torch.ones_like(y) if weight is None else weight.to(torch.float64).clone()
-    w = torch.where(finite, w, torch.zeros_like(w))
-    y = torch.where(finite, y, torch.zeros_like(y))
-    if bool((y < 0).any()):
-        raise ValueError("GPD excesses must be non-negative")
-    wsum = w.sum(-1)
-    ymax = torch.where(w > 0, y, torch.zeros_like(y)).amax(-1)
-    ok = (wsum >= min_excesses) & (ymax > 0)
-    # Degenerate rows get a harmless stand-in so the vectorised maths stays finite.
-    ymax_safe = torch.where(ok, ymax, torch.ones_like(ymax))
-    wsum_safe = torch.where(ok, wsum, torch.ones_like(wsum))
-    w_safe = torch.where(ok.unsqueeze(-1), w, torch.ones_like(w))
-    y_scaled = torch.where(ok.unsqueeze(-1), y / ymax_safe.unsqueeze(-1), torch.full_like(y, 0.5))
-    mean_y = (w_safe * y_scaled).sum(-1) / wsum_safe * ymax_safe
-    Q = y.shape[0]
+    rows = _Rows.of(excess, weight, min_excesses)
+    best_ll, best_xi, best_sigma = _boundary_candidates(rows, xi_min)
+    ll_in, xi_in, sigma_in = _interior_candidate(
+        rows, xi_min, grid_size, refine_rounds, refine_points
+    )
+    take = ll_in > best_ll
+    best_ll = torch.where(take, ll_in, best_ll)
+    best_xi = torch.where(take, xi_in, best_xi)
+    best_sigma = torch.where(take, sigma_in, best_sigma)
+    ok = rows.ok
+    nan = torch.full_like(best_ll, math.nan)
+    return GPDFit(
+        sigma=torch.where(ok, best_sigma, nan),
+        xi=torch.where(ok, best_xi, nan),
+        loglik=torch.where(ok, best_ll, nan),
+        n=rows.wsum,
+        ok=ok,
+    )
 
-    # Candidate 1, ξ = 0 (θ → 0): exponential, σ = mean excess.
-    best_ll = -wsum_safe * (torch.log(mean_y) + 1.0)
-    best_xi = torch.zeros(Q, dtype=torch.float64)
-    best_sigma = mean_y.clone()
-    # Candidate 2, ξ = −1 boundary: uniform on [0, σ], best σ = max excess.
+
+@dataclass
+class _Rows:
+    """Each row's excesses in units of its largest (``y_scaled`` ∈ [0, 1]) with weights;
+    degenerate rows (too few excesses, all zero) get a harmless stand-in so the
+    vectorised maths stays finite."""
+
+    ok: torch.Tensor
+    wsum: torch.Tensor
+    w_safe: torch.Tensor
+    wsum_safe: torch.Tensor
+    ymax_safe: torch.Tensor
+    y_scaled: torch.Tensor
+    mean_y: torch.Tensor
+
+    @classmethod
+    def of(cls, excess: torch.Tensor, weight: torch.Tensor | None, min_excesses: float) -> _Rows:
+        y = excess.to(torch.float64)
+        finite = torch.isfinite(y)
+        w = torch.ones_like(y) if weight is None else weight.to(torch.float64).clone()
+        w = torch.where(finite, w, torch.zeros_like(w))
+        y = torch.where(finite, y, torch.zeros_like(y))
+        if bool((y < 0).any()):
+            raise ValueError("GPD excesses must be non-negative")
+        wsum = w.sum(-1)
+        ymax = torch.where(w > 0, y, torch.zeros_like(y)).amax(-1)
+        ok = (wsum >= min_excesses) & (ymax > 0)
+        ymax_safe = torch.where(ok, ymax, torch.ones_like(ymax))
+        wsum_safe = torch.where(ok, wsum, torch.ones_like(wsum))
+        w_safe = torch.where(ok.unsqueeze(-1), w, torch.ones_like(w))
+        y_scaled = torch.where(
+            ok.unsqueeze(-1), y / ymax_safe.unsqueeze(-1), torch.full_like(y, 0.5)
+        )
+        mean_y = (w_safe * y_scaled).sum(-1) / wsum_safe * ymax_safe
+        return cls(ok, wsum, w_safe, wsum_safe, ymax_safe, y_scaled, mean_y)
+
+
+def _boundary_candidates(rows: _Rows, xi_min: float):
+    """(loglik, ξ, σ) of the better of ξ = 0 (exponential, σ = mean excess) and, when
+    allowed, ξ = −1 (uniform on [0, σ], σ = max excess)."""
+    best_ll = -rows.wsum_safe * (torch.log(rows.mean_y) + 1.0)
+    best_xi = torch.zeros(rows.ok.shape[0], dtype=torch.float64)
+    best_sigma = rows.mean_y.clone()
     if xi_min <= -1.0:
-        ll_uniform = -wsum_safe * torch.log(ymax_safe)
+        ll_uniform = -rows.wsum_safe * torch.log(rows.ymax_safe)
         take = ll_uniform > best_ll
         best_ll = torch.where(take, ll_uniform, best_ll)
         best_xi = torch.where(take, torch.full_like(best_xi, -1.0), best_xi)
-        best_sigma = torch.where(take, ymax_safe, best_sigma)
+        best_sigma = torch.where(take, rows.ymax_safe, best_sigma)
+    return best_ll, best_xi, best_sigma
 
-    # Candidate 3: interior of the θ path. Scaled t = θ·ymax ∈ (−1, 0); the
-    # profile is steep near t = −1, so add points geometrically close to it.
+
+def _interior_candidate(
+    rows: _Rows, xi_min: float, grid_size: int, refine_rounds: int, refine_points: int
+):
+    """(loglik, ξ, σ) of the best interior point of the θ path: scaled t = θ·ymax ∈ (−1, 0)
+    on a grid (denser near the pole t = −1, where the profile is steep), nested local
+    grids around its best point, then Newton steps (:func:`_polish`)."""
+    Q = rows.ok.shape[0]
     uniform = torch.linspace(-1.0, 0.0, grid_size + 1, dtype=torch.float64)[1:-1]
     near_pole = -1.0 + torch.logspace(-6, -2, 9, dtype=torch.float64)
     grid = torch.sort(torch.cat([near_pole, uniform])).values
     grid_q = grid.unsqueeze(0).expand(Q, -1)
+    fit_args = (rows.y_scaled, rows.w_safe, rows.wsum_safe, rows.ymax_safe)
 
     def feasible_loglik(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ll, xi, sigma = _profile(t, y_scaled, w_safe, wsum_safe, ymax_safe)
+        ll, xi, sigma = _profile(t, *fit_args)
         ll = torch.where((xi >= xi_min) & torch.isfinite(ll), ll, torch.full_like(ll, -math.inf))
         return ll, xi, sigma
 
     # The grid only brackets the maximum: float32 halves its cost; refinement is float64.
-    ll_grid, xi_grid, _ = _profile(
-        grid_q.float(), y_scaled.float(), w_safe.float(), wsum_safe.float(), ymax_safe.float()
-    )
+    ll_grid, xi_grid, _ = _profile(grid_q.float(), *(a.float() for a in fit_args))
     ll_grid = torch.where(
         (xi_grid >= xi_min) & torch.isfinite(ll_grid), ll_grid, torch.full_like(ll_grid, -math.inf)
     )
@@ -169,25 +214,13 @@ def fit_gpd(
         t_ref = ts.gather(1, i).squeeze(1)
         lo = ts.gather(1, (i - 1).clamp_min(0)).squeeze(1)
         hi = ts.gather(1, (i + 1).clamp_max(refine_points - 1)).squeeze(1)
-    t_ref = _polish(t_ref, *bracket, y_scaled, w_safe, wsum_safe)
+    t_ref = _polish(t_ref, *bracket, rows.y_scaled, rows.w_safe, rows.wsum_safe)
     # Keep the best of the refined point and the best grid point.
     t_all = torch.stack([t_ref, grid[i_best]], dim=-1)
     ll_all, xi_all, sigma_all = feasible_loglik(t_all)
     j = ll_all.argmax(-1, keepdim=True)
-    ll_in = ll_all.gather(-1, j).squeeze(-1)
-    take = ll_in > best_ll
-    best_ll = torch.where(take, ll_in, best_ll)
-    best_xi = torch.where(take, xi_all.gather(-1, j).squeeze(-1), best_xi)
-    best_sigma = torch.where(take, sigma_all.gather(-1, j).squeeze(-1), best_sigma)
-
-    nan = torch.full_like(best_ll, math.nan)
-    return GPDFit(
-        sigma=torch.where(ok, best_sigma, nan),
-        xi=torch.where(ok, best_xi, nan),
-        loglik=torch.where(ok, best_ll, nan),
-        n=wsum,
-        ok=ok,
-    )
+    pick = lambda x: x.gather(-1, j).squeeze(-1)  # noqa: E731
+    return pick(ll_all), pick(xi_all), pick(sigma_all)
 
 
 def _polish(

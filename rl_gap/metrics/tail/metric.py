@@ -12,22 +12,19 @@ sample sizes summed.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 
 import torch
 from torchmetrics import Metric
 
-from rl_gap.metrics.tail.estimate import (
-    DEFAULT_ESTIMATOR,
-    ESTIMATORS,
-    TailEstimate,
-    check_n_boot,
-    resolve_rank_law,
-)
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, resolve_score_range
+from rl_gap.metrics.tail.build import state_capacity, tail_predictor, with_score_range
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
+from rl_gap.metrics.tail.inputs import check_k
+from rl_gap.metrics.tail.intervals import check_n_boot
 from rl_gap.metrics.tail.predictor import TailPredictor
+from rl_gap.metrics.tail.registry import DEFAULT_ESTIMATOR, resolve_rank_law
+from rl_gap.metrics.tail.results import TailEstimate
 from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK, hash_uniform, part_of
 from rl_gap.precision import full_precision_similarity
 
@@ -124,12 +121,9 @@ class TailExtrapolatedMAP(Metric):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        config = dataclasses.replace(config, score_range=resolve_score_range(score_range))
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
-        resolve_rank_law(estimator, rank_law)
-        if int(k) < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        config = with_score_range(config, score_range)
+        resolve_rank_law(estimator, rank_law)  # the name and the law, checked at construction
+        check_k(k)
         if int(gallery_size) < 1:
             raise ValueError(f"gallery_size must be >= 1, got {gallery_size}")
         self.gallery_size = int(gallery_size)
@@ -139,7 +133,7 @@ class TailExtrapolatedMAP(Metric):
         check_n_boot(n_boot)
         self.n_boot = n_boot
         self.fractions = tuple(fractions)
-        self.capacity = max(self.k, config.n_top)
+        self.capacity = state_capacity(self.k, config)
         self.block_size = block_size
         self.seed = seed
         self.config = config
@@ -331,7 +325,9 @@ class TailExtrapolatedMAP(Metric):
         """A TailPredictor on the (synced) state, for curves and diagnostics."""
         if self.pos_scores.numel() == 0:
             raise ValueError("no query registered: call update(queries=..., positives=...) first")
-        return TailPredictor(self.pos_scores, self._state(), self.k, self.config, self.seed)
+        return tail_predictor(
+            self.pos_scores, self._state(), self.k, config=self.config, seed=self.seed
+        )
 
     def estimate(self, **kwargs) -> TailEstimate:
         """Full TailEstimate (per-query AP, fit, optional nested bootstrap / budget)."""

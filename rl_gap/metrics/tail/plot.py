@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from rl_gap.metrics.tail.predictor import TailPredictor
+from rl_gap.metrics.tail.registry import get_estimator
 
 _COLORS = {
     "sample": "tab:gray",
@@ -58,9 +59,9 @@ def plot_extrapolation(
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name in estimators:
         color = _COLORS.get(name, None)
-        if name == "sample":
-            est = predictor.estimate("sample", S, n_boot=n_boot)
-            ax.axhline(est.map, color=color, ls="--", lw=1.2, label=_LABELS[name])
+        if get_estimator(name).realized:
+            est = predictor.estimate(name, S, n_boot=n_boot)
+            ax.axhline(est.map, color=color, ls="--", lw=1.2, label=_LABELS.get(name, name))
             ax.axhspan(est.ci[0], est.ci[1], color=color, alpha=0.12)
             data["curves"][name] = {"map": est.map, "ci": list(est.ci)}
             continue

@@ -9,18 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from statistics import NormalDist
 
 import torch
 
-from rl_gap.metrics.tail.baselines import (
-    CURVE_ESTIMATORS,
-    fit_curve,
-    interpolate,
-    invert_decreasing,
-    single_x_curves,
-    single_x_predict,
-)
 from rl_gap.metrics.tail.bayes import (
     DEFAULT_BAYES,
     BayesTailConfig,
@@ -28,34 +19,20 @@ from rl_gap.metrics.tail.bayes import (
     gpd_posterior,
 )
 from rl_gap.metrics.tail.diagnostics import diagnose as diagnose_prediction
-from rl_gap.metrics.tail.estimate import (  # noqa: F401  (public re-exports)
-    DEFAULT_ESTIMATOR,
-    ESTIMATORS,
-    HARDNESS_ESTIMATORS,
-    PREDICTIVE,
-    TailEstimate,
-    _check_common,
-    bootstrap_ci,
-    check_n_boot,
-    check_positive_scores,
-    percentile_interval,
-    resolve_rank_law,
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, TailFit, sample_counts
+from rl_gap.metrics.tail.inputs import EstimateRequest, check_predictor_inputs, resolve_request
+from rl_gap.metrics.tail.intervals import joint_bootstrap
+from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
+from rl_gap.metrics.tail.rank_law import sort_positives
+from rl_gap.metrics.tail.registry import get_estimator, resolve_rank_law
+from rl_gap.metrics.tail.results import TailEstimate
+from rl_gap.metrics.tail.rows import RowView, concat_rows, fill_rows, row_slices
+from rl_gap.metrics.tail.sampling import NestedTopK
+from rl_gap.metrics.tail.sub_samples import (
+    budget_check,
+    measured_on_sub_samples,
+    prediction_curve,
 )
-from rl_gap.metrics.tail.hardness import (
-    DEFAULT_CONFIG,
-    TailConfig,
-    TailFit,
-    estimate_hardness,
-    sample_counts,
-)
-from rl_gap.metrics.tail.predictive import tail_expected_ap, tail_precision_terms
-from rl_gap.metrics.tail.rank_law import (
-    ap_at_k_from_counts,
-    ap_at_k_from_hardness,
-    ap_from_precision_terms,
-    sort_positives,
-)
-from rl_gap.metrics.tail.sampling import NestedTopK, poisson_multiplicities
 
 #: The stages :meth:`TailPredictor.estimate` reports to ``on_stage``, in order.
 ESTIMATE_STAGES = ("fit", "interval", "joint bootstrap", "budget", "checks", "done")
@@ -82,7 +59,7 @@ class TailPredictor:
         seed: int = 0,
         bayes: BayesTailConfig = DEFAULT_BAYES,
     ) -> None:
-        check_positive_scores(pos_scores, state.n_queries)
+        check_predictor_inputs(pos_scores, state, k)
         # The estimate runs on the host: the kept state is small (P·Q·T scores), the fits
         # iterate per query on data-dependent shapes, and the bootstraps draw from CPU
         # generators, so a prediction does not depend on the device the sample was scored on.
@@ -92,20 +69,14 @@ class TailPredictor:
             state = NestedTopK.from_tensors(
                 state.top.cpu(), state.seen.cpu(), state.fractions, keys
             )
-        if int(k) < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        if state.capacity < min(int(k), int(state.seen.sum())):
-            # Counts are exact below the kept depth; with every sampled score kept, always.
-            raise ValueError(
-                f"the state keeps {state.capacity} scores per query; need >= "
-                f"min(k = {k}, sample size)"
-            )
         self.k = int(k)
         self.config = config
         self.bayes = bayes
         self.state = state
         self.seed = seed
-        self.pos_sorted, self.valid, self.j = sort_positives(pos_scores)
+        blocks = row_slices(pos_scores.shape[0], pos_scores.shape[1])
+        sorted_rows = [sort_positives(pos_scores[rows]) for rows in blocks]
+        self.pos_sorted, self.valid, self.j = concat_rows(sorted_rows)
         self.query_ok = self.valid.any(1)
         self.sample_size = int(state.seen.sum())
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
@@ -115,6 +86,7 @@ class TailPredictor:
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
         ] = {}
+        self._memo: dict[str, object] = {}
 
     @property
     def n_queries_valid(self) -> int:
@@ -127,11 +99,29 @@ class TailPredictor:
     def level(self, index: int = -1) -> tuple[torch.Tensor, int]:
         """(top (Q, T) sorted descending, size) of nested sub-sample ``index``."""
         index = index % len(self.state.fractions)
-        if index not in self._levels:
+        if index in self._levels:
+            return self._levels[index]
+        views = self.row_views()
+        if views is None:
             top, keys, size = self.state.level_with_keys(index)
-            self._levels[index] = (top, size)
-            self._level_keys[index] = keys
+        else:  # many queries: built a block of rows at a time
+            blocks = ((v.rows, self.state.level_with_keys(index, v.rows)) for v in views)
+            top, keys, size = fill_rows(self.pos_sorted.shape[0], blocks)
+        if index != len(self.state.fractions) - 1 and views is not None:
+            # The sub-sample levels are read a block of rows at a time (``rows.RowView.level``);
+            # one asked for whole is not kept.
+            return top, size
+        self._levels[index] = (top, size)
+        self._level_keys[index] = keys
         return self._levels[index]
+
+    def cached_level(self, index: int = -1) -> tuple[torch.Tensor, int] | None:
+        """:meth:`level` if it is kept, else None."""
+        return self._levels.get(index % len(self.state.fractions))
+
+    def level_size(self, index: int = -1) -> int:
+        """The size of nested sub-sample ``index`` (its top scores not built)."""
+        return int(self.state.seen[: index % len(self.state.fractions) + 1].sum())
 
     def level_keys(self, index: int = -1) -> torch.Tensor | None:
         """(Q, T) distractor keys aligned with :meth:`level` (None if the state has none)."""
@@ -165,25 +155,20 @@ class TailPredictor:
     def hardness(
         self, estimator: str, level: int = -1, weight: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]:
-        """(x, counts, fit) for ``count``/``evt``/``tail`` on nested level ``level``.
+        """(x, counts, fit) of a per-positive estimator (``count``, ``evt``, ``tail``…) on a level.
 
         For ``tail`` x is the posterior-mean hardness and fit the GPDPosterior.
         """
         key = (estimator, level % len(self.state.fractions))
         if weight is None and key in self._hardness:
             return self._hardness[key]
-        top, n = self.level(level)
-        if estimator == "tail":
-            counts, post = self.tail_fit(level, weight)
-            # Posterior-mean hardness does not depend on N; any N ≥ n gives it.
-            _, x = tail_expected_ap(
-                self.pos_sorted, self.valid, self.j, counts, post, n, n, 1, self.bayes
-            )
-            out = (x, counts, post)
+        est = get_estimator(estimator)
+        views = self.row_views() if est.separable_rows else None
+        if views is None:
+            out = est.hardness(self, level, weight)
         else:
-            out = estimate_hardness(
-                estimator, self.pos_sorted, self.valid, top, n, weight, self.config
-            )
+            n = self.pos_sorted.shape[0]
+            out = fill_rows(n, ((v.rows, est.hardness(v, level, v.weight(weight))) for v in views))
         if weight is None:
             self._hardness[key] = out
         return out
@@ -238,64 +223,28 @@ class TailPredictor:
         ``bayes`` overrides the ``tail`` estimator's settings for this call (its
         posterior and its bias correction).
         """
-        law = resolve_rank_law(estimator, rank_law)
-        if estimator == "sample":
-            top, _ = self.level(level)
-            counts, _ = sample_counts(self.pos_sorted, self.valid, top, weight)
-            ap = ap_at_k_from_counts(self.j, self.valid, counts, self.k)
-        elif estimator == "tail" and law == PREDICTIVE:
-            terms = self.tail_terms(gallery_size, level, weight, bayes)
-            ap = ap_from_precision_terms(terms, self.valid, self.k)
-        elif estimator in HARDNESS_ESTIMATORS:
-            x, _, _ = self.hardness(estimator, level, weight)
-            ap = ap_at_k_from_hardness(self.j, self.valid, x, gallery_size, self.k, law)
-        elif estimator == "single_x":
-            lam, grid = self._single_x_grid()
-            measured = self.per_query("sample", gallery_size, level=level, weight=weight)
-            mean = grid[self.query_ok].mean(0, keepdim=True)
-            # λ = n·x at which the homogeneous map reproduces the sample's mAP at n = S.
-            lam_s = invert_decreasing(lam, mean, measured[self.query_ok].mean().view(1))
-            _, n = self.level(level)
-            at = (lam_s * gallery_size / n).expand(grid.shape[0])
-            ap = interpolate(lam, grid.nan_to_num(0.0), at)
-        elif estimator in CURVE_ESTIMATORS:
-            ap = torch.full((self.pos_sorted.shape[0],), math.nan, dtype=torch.float64)
-        else:
-            raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
+        est = get_estimator(estimator)
+        law = resolve_rank_law(est, rank_law)
+        ap = est.per_query(self, gallery_size, law, level, weight, bayes)
         return torch.where(self.query_ok, ap, torch.full_like(ap, math.nan))
 
-    def _single_x_grid(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if not hasattr(self, "_sx"):
-            self._sx = single_x_curves(self.j, self.valid, self.k)
-        return self._sx
+    def row_views(self, cached: tuple | None = None) -> list[RowView] | None:
+        """Blocks of query rows when the per-positive arrays exceed one block (``rows``);
+        None when one block holds them, or when ``cached`` hardness is already at hand."""
+        if cached is not None and cached in self._hardness:
+            return None
+        width = max(self.pos_sorted.shape[1], self.state.capacity)
+        blocks = row_slices(self.pos_sorted.shape[0], width)
+        return None if len(blocks) == 1 else [RowView(self, rows) for rows in blocks]
 
-    def _aggregate(
-        self, estimator: str, gallery_size: int, n_boot: int, confidence: float
-    ) -> tuple[float, tuple[float, float] | None]:
-        """mAP and query-bootstrap interval of the curve fits and single_x (refit per replicate)."""
-        rows = self.query_ok.nonzero().squeeze(1)
-        check_n_boot(n_boot)
-        gen = self._generator()
-        idx = torch.randint(0, rows.numel(), (n_boot, rows.numel()), generator=gen)
-        pick = torch.cat([torch.arange(rows.numel()).unsqueeze(0), idx])  # row 0: all queries
-        if estimator == "single_x":
-            lam, grid = self._single_x_grid()
-            measured = self.per_query("sample", gallery_size)[rows]
-            curves = grid[rows][pick].mean(1)  # (1 + B, G)
-            pred = single_x_predict(
-                lam, curves, measured[pick].mean(1), gallery_size / self.sample_size
-            )
-        else:
-            levels = [i for i in range(len(self.state.fractions)) if self.level(i)[1] > 0]
-            sizes = torch.tensor([float(self.level(i)[1]) for i in levels], dtype=torch.float64)
-            per_level = torch.stack(
-                [self.per_query("sample", 1, level=i)[rows] for i in levels], 1
-            )  # (q, L)
-            pred = fit_curve(sizes, per_level[pick].mean(1), estimator, float(gallery_size))
-        ci = percentile_interval(pred[1:], confidence) if n_boot > 0 else None
-        return float(pred[0]), ci
+    def memo(self, key: str, build):
+        """``build()`` once per predictor (an estimator's data that does not depend on N)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
-    def _generator(self, offset: int = 0) -> torch.Generator:
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A fresh CPU generator from the predictor's seed (+ ``offset``)."""
         return torch.Generator().manual_seed(self.seed + offset)
 
     def estimate(
@@ -313,10 +262,8 @@ class TailPredictor:
         """Predicted mAP@k at ``gallery_size`` with a query-bootstrap interval.
 
         Args:
-            estimator: one of :data:`ESTIMATORS` (:data:`DEFAULT_ESTIMATOR`, the
-                default of :func:`predict_map`; "tail", "evt", "count", "sample" =
-                the metric of the sample gallery itself at N = S; the baselines
-                "single_x", "powerlaw", "loguniform").
+            estimator: a registered name (``available_estimators()``; the default of
+                :func:`predict_map` is :data:`DEFAULT_ESTIMATOR`).
             gallery_size: N to predict for (≥ S).
             rank_law: None (the estimator's own: "predictive" for tail, else
                 "plugin"), "plugin", "binomial" or "poisson" (see rank_law).
@@ -324,131 +271,97 @@ class TailPredictor:
                 ``ci_total`` None; the budget check then takes its query noise
                 from 200 replicates of its own).
             confidence: interval mass.
-            nested_boot: if > 0, also resample the distractor sample this
-                many times (Poisson(1) multiplicities), jointly with the
-                queries, for ``nested_ci`` and ``sample_noise_sd``. With a
-                ``keyed`` state a distractor gets one multiplicity for every
-                query (the sample's shared noise: one distractor that ranks
-                high for many queries moves them all); otherwise each query's
-                kept scores are resampled independently, which misses it.
-                ``tail`` replicates refit without the bias correction and add
-                each query's correction from the full sample.
+            nested_boot: if > 0, also resample the distractor sample this many
+                times (Poisson(1) multiplicities) jointly with the queries, for
+                ``nested_ci`` and ``sample_noise_sd`` (``intervals.joint_bootstrap``).
             budget: add the sufficient-budget diagnostic (S/4, S/2, S).
-            diagnose: for the hardness estimators, run the checks of
-                ``diagnostics`` for this estimator and fill ``flags``,
-                ``ci_total`` and ``diagnostics``: the S/4–S/2–S budget of its own
-                prediction (``tail``: of the plug-in GPD, its cheap stand-in) and,
-                for the GPD estimators, the threshold stability (``count`` has no
-                threshold, so only its budget is checked).
+            diagnose: for the per-positive estimators, run the checks of
+                ``diagnostics`` and fill ``flags``, ``ci_total`` and ``diagnostics``.
             on_stage: optional ``on_stage(name)`` called as each stage starts
                 (:data:`ESTIMATE_STAGES`), for progress display.
         """
-        check_n_boot(n_boot)
+        request = resolve_request(
+            estimator, gallery_size, self.sample_size, self.k, rank_law, n_boot, confidence,
+            nested_boot, budget, diagnose,
+        )  # fmt: skip
+        return self.run(request, on_stage)
+
+    def run(self, request: EstimateRequest, on_stage=None) -> TailEstimate:
+        """:meth:`estimate` of a checked request (``inputs.resolve_request``), stage by stage."""
         stage = on_stage or (lambda name: None)
-        _check_common(gallery_size, self.sample_size, self.k, estimator, rank_law)
-        rank_law = resolve_rank_law(estimator, rank_law)
+        self._warn_small_sample(request)
+        stage("fit")
+        per_query = self.per_query(request.name, request.gallery_size, request.rank_law)
+        stage("interval")
+        est = self._point_estimate(request, per_query)
+        stage("joint bootstrap")
+        if request.nested_boot > 0 and request.estimator.joint_bootstrap:
+            est.nested_ci, est.sample_noise_sd = joint_bootstrap(
+                self, request.name, request.gallery_size, request.rank_law,
+                request.nested_boot, request.confidence, per_query,
+            )  # fmt: skip
+        stage("budget")
+        if request.budget and request.estimator.per_positive:
+            est.budget = self.budget(
+                request.name, request.gallery_size, request.rank_law, request.n_boot,
+                request.confidence, est.ci,
+            )  # fmt: skip
+        stage("checks")
+        if request.diagnose:
+            self._check(request, est)
+        stage("done")
+        return est
+
+    def _warn_small_sample(self, request: EstimateRequest) -> None:
+        reasons = request.estimator.warnings(self)
         if self.sample_size < self.k:
-            warnings.warn(
+            reasons.insert(
+                0,
                 f"the distractor sample has {self.sample_size} scores per query, fewer than "
                 f"k = {self.k}: the prediction rests on almost no distractor and is unreliable",
-                stacklevel=3,
             )
-        if estimator == "evt" and self.sample_size < self.config.n_top:
-            warnings.warn(
-                f"distractor sample ({self.sample_size}) is smaller than the EVT's top "
-                f"{self.config.n_top}; using all sampled scores",
-                stacklevel=3,
-            )
-        stage("fit")
-        per_query = self.per_query(estimator, gallery_size, rank_law)
-        valid_q = per_query[self.query_ok]
-        stage("interval")
+        for reason in reasons:
+            warnings.warn(reason, stacklevel=4)
+
+    def _point_estimate(self, request: EstimateRequest, per_query: torch.Tensor) -> TailEstimate:
+        """The prediction, its query-bootstrap interval and (per-positive) its fit."""
         if not bool(self.query_ok.any()):
             raise ValueError("no query has a positive: nothing to evaluate")
-        if estimator in ("single_x", *CURVE_ESTIMATORS):
-            mean, ci = self._aggregate(estimator, gallery_size, n_boot, confidence)
-        else:
-            mean = float(valid_q.mean())
-            ci = bootstrap_ci(per_query, n_boot, confidence, self._generator())
+        est_obj, n = request.estimator, request.gallery_size
+        mean, ci = est_obj.point_and_interval(
+            self, n, per_query, request.n_boot, request.confidence
+        )
         est = TailEstimate(
             map=mean,
             ci=ci,
             per_query=per_query,
-            estimator=estimator,
-            rank_law=rank_law if estimator != "sample" else "realized",
-            gallery_size=int(gallery_size) if estimator != "sample" else self.sample_size,
+            estimator=request.name,
+            rank_law="realized" if est_obj.realized else request.rank_law,
+            gallery_size=self.sample_size if est_obj.realized else int(n),
             k=self.k,
             sample_size=self.sample_size,
             n_queries=int(self.query_ok.sum()),
             n_excluded=self.n_excluded,
         )
-        if estimator in HARDNESS_ESTIMATORS:
-            est.hardness, _, est.fit = self.hardness(estimator)
+        if est_obj.per_positive:
+            est.hardness, _, est.fit = self.hardness(request.name)
             if est.fit is not None:
                 est.tail_ok = est.fit.ok
-        stage("joint bootstrap")
-        if nested_boot > 0 and estimator in (*HARDNESS_ESTIMATORS, "sample"):
-            est.nested_ci, est.sample_noise_sd = self._nested(
-                estimator, gallery_size, rank_law, nested_boot, confidence, per_query
-            )
-        stage("budget")
-        if budget and estimator in HARDNESS_ESTIMATORS:
-            est.budget = self.budget(estimator, gallery_size, rank_law, n_boot, confidence, ci)
-        stage("checks")
-        if diagnose and estimator in HARDNESS_ESTIMATORS:
-            # Each estimator's own checks; ``tail`` (~7 plain fits a prediction) is
-            # checked through the plug-in GPD, whose threshold and budget it shares.
-            checked = "evt" if estimator == "tail" else estimator
-            own = est.budget if checked == estimator else None
-            own_ci = ci if checked == estimator else None
-            law = "plugin" if estimator == "tail" else rank_law
-            diag = diagnose_prediction(self, gallery_size, checked, law, ci=own_ci, budget=own)
-            est.diagnostics, est.flags = diag, list(diag.flags)
-            est.ci_total = diag.widen(est.nested_ci if est.nested_ci is not None else ci)
-        stage("done")
         return est
 
-    def _nested(
-        self,
-        estimator: str,
-        gallery_size: int,
-        rank_law: str | None,
-        n_rep: int,
-        confidence: float,
-        per_query: torch.Tensor,
-    ) -> tuple[tuple[float, float], float]:
-        gen = self._generator(1)
-        top, _ = self.level(-1)
-        keys = self.level_keys(-1)
-        finite = torch.isfinite(top).to(torch.float64)
-        rows = self.query_ok.nonzero().squeeze(1)
-        # The tail estimator's bias correction costs ~7 plain fits: replicates
-        # refit without it and carry each query's correction from the full sample.
-        fast, shift = None, 0.0
-        if estimator == "tail" and resolve_rank_law(estimator, rank_law) == PREDICTIVE:
-            if self.bayes.bias_replicates > 0:
-                fast = dataclasses.replace(self.bayes, bias_replicates=0)
-                plain = self.per_query(estimator, gallery_size, rank_law, bayes=fast)
-                shift = (per_query - plain)[rows]
-        estimate = float(per_query[rows].mean())
-        joint, sample_only = [], []
-        for b in range(n_rep):
-            if keys is None:  # each query's kept scores resampled on their own
-                weight = torch.poisson(finite, generator=gen)
-            else:  # one multiplicity per distractor, shared by every query
-                weight = poisson_multiplicities(keys, b, self.seed) * finite
-            pq = self.per_query(estimator, gallery_size, rank_law, weight=weight, bayes=fast)
-            pq = pq[rows] + shift
-            sample_only.append(pq.mean())
-            pick = torch.randint(0, rows.numel(), (rows.numel(),), generator=gen)
-            joint.append(pq[pick].mean())
-        # Centred on the prediction: reweighting the few sampled distractors above a
-        # positive shifts the replicates' mean (a count of 1 becomes 0 in 37% of
-        # them), which is the resampling's artefact, not the estimator's bias.
-        # Normal width from the replicates' sd: stable with the few replicates
-        # that an expensive estimator affords (percentiles of 25 are extremes).
-        half = NormalDist().inv_cdf(0.5 + confidence / 2) * float(torch.stack(joint).std())
-        return (estimate - half, estimate + half), float(torch.stack(sample_only).std())
+    def _check(self, request: EstimateRequest, est: TailEstimate) -> None:
+        """Fill ``flags``, ``ci_total`` and ``diagnostics`` with the checks the estimator names."""
+        checked = request.estimator.checked_as(request.rank_law)
+        if checked is None:
+            return
+        name, law = checked
+        own = name == request.name  # checked through another estimator: not its interval
+        diag = diagnose_prediction(
+            self, request.gallery_size, name, law,
+            ci=est.ci if own else None, budget=est.budget if own else None,
+        )  # fmt: skip
+        est.diagnostics, est.flags = diag, list(diag.flags)
+        est.ci_total = diag.widen(est.nested_ci if est.nested_ci is not None else est.ci)
 
     def budget(
         self,
@@ -459,40 +372,8 @@ class TailPredictor:
         confidence: float = 0.95,
         ci: tuple[float, float] | None = None,
     ) -> dict:
-        """Sufficient-budget diagnostic (paper App. D).
-
-        Predictions from the nested sub-samples S/4, S/2 and S side by side;
-        ``converged`` when their spread (max − min) is below the query
-        noise, the half-width of the query-bootstrap interval at S.
-        """
-        fractions = self.state.fractions
-        picks = [
-            i for i, f in enumerate(fractions) if any(abs(f - g) < 1e-9 for g in (0.25, 0.5, 1.0))
-        ]
-        rows = []
-        for i in picks:
-            _, n = self.level(i)
-            pq = self.per_query(estimator, max(gallery_size, n), rank_law, level=i)
-            rows.append(
-                {"fraction": fractions[i], "sample_size": n, "map": float(pq[self.query_ok].mean())}
-            )
-        if ci is None:
-            # The check needs the query noise even when no interval was asked for.
-            ci = bootstrap_ci(
-                self.per_query(estimator, gallery_size, rank_law),
-                max(int(n_boot), 200),
-                confidence,
-                self._generator(),
-            )
-        noise = (ci[1] - ci[0]) / 2.0
-        maps = [r["map"] for r in rows]
-        spread = max(maps) - min(maps) if maps else math.nan
-        return {
-            "levels": rows,
-            "spread": spread,
-            "noise": noise,
-            "converged": bool(spread <= noise),
-        }
+        """Sufficient-budget diagnostic (paper App. D): :func:`sub_samples.budget_check`."""
+        return budget_check(self, estimator, gallery_size, rank_law, n_boot, confidence, ci)
 
     def curve(
         self,
@@ -503,36 +384,8 @@ class TailPredictor:
         confidence: float = 0.95,
     ) -> tuple[list[float], list[float], list[float]]:
         """Predicted mAP@k and interval at each gallery size (hardness computed once)."""
-        maps, los, his = [], [], []
-        for n in sizes:
-            if estimator in ("single_x", *CURVE_ESTIMATORS):
-                mean, (lo, hi) = self._aggregate(estimator, int(n), n_boot, confidence)
-                maps.append(mean)
-                los.append(lo)
-                his.append(hi)
-                continue
-            pq = self.per_query(estimator, int(n), rank_law)
-            lo, hi = bootstrap_ci(pq, n_boot, confidence, self._generator())
-            maps.append(float(pq[self.query_ok].mean()))
-            los.append(lo)
-            his.append(hi)
-        return maps, los, his
+        return prediction_curve(self, estimator, sizes, rank_law, n_boot, confidence)
 
     def measured(self, n_boot: int = 500, confidence: float = 0.95) -> list[dict]:
         """The metric measured on each nested sub-sample gallery (S/8 … S)."""
-        out = []
-        for i, f in enumerate(self.state.fractions):
-            _, n = self.level(i)
-            if n == 0:
-                continue
-            pq = self.per_query("sample", n, level=i)
-            lo, hi = bootstrap_ci(pq, n_boot, confidence, self._generator())
-            out.append(
-                {
-                    "fraction": f,
-                    "sample_size": n,
-                    "map": float(pq[self.query_ok].mean()),
-                    "ci": [lo, hi],
-                }
-            )
-        return out
+        return measured_on_sub_samples(self, n_boot, confidence)

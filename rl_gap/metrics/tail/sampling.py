@@ -245,10 +245,14 @@ class NestedTopK:
         top, _, size = self.level_with_keys(index)
         return top, size
 
-    def level_with_keys(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-        """:meth:`level` plus the (Q, T) keys in the same order (None if not keyed)."""
+    def level_with_keys(
+        self, index: int, rows: slice = slice(None)
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """:meth:`level` plus the (Q, T) keys in the same order (None if not keyed);
+        ``rows``: only those queries' rows."""
         index = index % len(self.fractions)
-        flat = lambda x: x[: index + 1].permute(1, 0, 2).reshape(self.n_queries, -1)  # noqa: E731
+        n_rows = len(range(self.n_queries)[rows])
+        flat = lambda x: x[: index + 1, rows].permute(1, 0, 2).reshape(n_rows, -1)  # noqa: E731
         merged = flat(self.top)
         kept = torch.topk(merged, min(self.capacity, merged.shape[1]), dim=1)
         keys = None if self.keys is None else torch.gather(flat(self.keys), 1, kept.indices)

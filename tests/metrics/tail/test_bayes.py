@@ -21,7 +21,7 @@ from rl_gap.metrics.tail.bayes import (
     shape_integrated_survival,
 )
 from rl_gap.metrics.tail.rank_law import expected_precision
-from tests.metrics.tail.test_predict_map import reference_ap_at_k
+from tests.metrics.tail.test_from_scores import reference_ap_at_k
 
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_optimize = pytest.importorskip("scipy.optimize")

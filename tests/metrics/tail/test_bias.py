@@ -14,7 +14,7 @@ import torch
 from rl_gap.metrics.tail.bayes import BayesTailConfig, gpd_posterior
 from rl_gap.metrics.tail.bias import gpd_excess_quantile, posterior_mode, smallest_uniforms
 from rl_gap.metrics.tail.hardness import TailFit, sample_counts, tail_hardness
-from rl_gap.metrics.tail.predictive import _positive_terms, bootstrap_bias
+from rl_gap.metrics.tail.posterior_predictive import _positive_terms, bootstrap_bias
 from rl_gap.metrics.tail.rank_law import expected_precision_terms, sort_positives
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -110,7 +110,7 @@ def test_poisson_precision_terms_of_the_simulated_truth_match_scipy():
 def test_degenerate_tails_take_no_part_in_the_simulated_worlds(monkeypatch):
     """A query without a usable tail is counted only: it gets no simulated sample,
     so its stand-in tail cannot enter the bootstrap's empirical-Bayes prior."""
-    import rl_gap.metrics.tail.predictive as predictive
+    import rl_gap.metrics.tail.posterior_predictive as predictive
     from rl_gap.metrics.tail import predict_map
 
     g = torch.Generator().manual_seed(0)

@@ -1,0 +1,246 @@
+"""The built-in tail estimators, each registered by name (``registry``).
+
+``evt_support`` (the default) is the paper's plug-in GPD with the shape bound
+following the score support (ξ ≤ 0 for scores in [−1, 1], ξ ≤ 0.5 otherwise),
+chosen on held-out worlds (docs/tail_validation.md); ``tail`` the tail-aware
+estimator with GPD parameter uncertainty and the predictive rank law
+(``bayes``); ``evt`` the paper's plug-in GPD; ``count`` and ``sample`` its
+counting and naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its
+homogeneous-hardness and curve-fit baselines (``baselines``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from rl_gap.metrics.tail.baselines import (
+    fit_curve,
+    interpolate,
+    invert_decreasing,
+    single_x_curves,
+    single_x_predict,
+)
+from rl_gap.metrics.tail.diagnostics import check_fixed_thresholds, check_sample_thresholds
+from rl_gap.metrics.tail.hardness import estimate_hardness, sample_counts
+from rl_gap.metrics.tail.intervals import check_n_boot, percentile_interval
+from rl_gap.metrics.tail.posterior_predictive import tail_expected_ap
+from rl_gap.metrics.tail.rank_law import (
+    RANK_LAWS,
+    ap_at_k_from_counts,
+    ap_at_k_from_hardness,
+    ap_from_precision_terms,
+)
+from rl_gap.metrics.tail.registry import PREDICTIVE, Estimator, register_estimator
+
+
+class SampleMetric(Estimator):
+    """``sample``: the metric of the sample gallery itself (N = S), the naive baseline."""
+
+    name = "sample"
+    summary = "the metric measured on the sample gallery (N = S)"
+    cost = "one count per positive"
+    joint_bootstrap = True
+    realized = True
+
+    separable_rows = True
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        views = predictor.row_views()
+        if views is not None:
+            return torch.cat(
+                [
+                    self.per_query(v, gallery_size, rank_law, level, v.weight(weight), bayes)
+                    for v in views
+                ]
+            )
+        top, _ = predictor.level(level)
+        counts, _ = sample_counts(predictor.pos_sorted, predictor.valid, top, weight)
+        return ap_at_k_from_counts(predictor.j, predictor.valid, counts, predictor.k)
+
+
+class HardnessEstimator(Estimator):
+    """Per-positive hardness x, then AP@k through the rank law (``rank_law``)."""
+
+    per_positive = True
+    joint_bootstrap = True
+    separable_rows = True
+
+    def hardness(self, predictor, level, weight):
+        top, n = predictor.level(level)
+        return estimate_hardness(
+            self.name, predictor.pos_sorted, predictor.valid, top, n, weight, predictor.config
+        )
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        views = predictor.row_views() if self.separable_rows else None
+        if views is None:
+            x, _, _ = predictor.hardness(self.name, level, weight)
+            return ap_at_k_from_hardness(
+                predictor.j, predictor.valid, x, gallery_size, predictor.k, rank_law
+            )
+        # Many queries × positives: a block of rows at a time. The full sample's hardness
+        # is kept (the estimate reports it, curves reuse it); other levels are not.
+        levels = len(predictor.state.fractions)
+        if weight is None and level % levels == levels - 1:
+            x = predictor.hardness(self.name, level)[0]
+            parts = [(v, x[v.rows]) for v in views]
+        else:
+            parts = [(v, self.hardness(v, level, v.weight(weight))[0]) for v in views]
+        return torch.cat(
+            [ap_at_k_from_hardness(v.j, v.valid, x, gallery_size, v.k, rank_law) for v, x in parts]
+        )
+
+
+class Count(HardnessEstimator):
+    name = "count"
+    summary = "x = K/S, the sampled share of distractors above each positive"
+    cost = "one count per positive"
+
+
+class PluginGPD(HardnessEstimator):
+    name = "evt"
+    summary = "the paper's plug-in GPD tail (top 4,000, 95th percentile)"
+    cost = "one GPD fit per query on its top 4,000 scores"
+
+    def kept_depth(self, config):
+        return config.n_top
+
+    def check_threshold(self, predictor, gallery_size, noise, per_thr, out):
+        check_fixed_thresholds(predictor, gallery_size, self.name, per_thr, out)
+
+    def warnings(self, predictor):
+        if predictor.sample_size >= predictor.config.n_top:
+            return []
+        return [
+            f"distractor sample ({predictor.sample_size}) is smaller than the EVT's top "
+            f"{predictor.config.n_top}; using all sampled scores"
+        ]
+
+
+class SupportGPD(HardnessEstimator):
+    name = "evt_support"
+    summary = "plug-in GPD, threshold by sample size, shape bound by the score range"
+    cost = "one GPD fit per query, three more for its threshold check"
+
+    def check_threshold(self, predictor, gallery_size, noise, per_thr, out):
+        check_sample_thresholds(predictor, gallery_size, noise, out)
+
+
+class PosteriorTail(HardnessEstimator):
+    """``tail``: GPD posterior over the shape, posterior-predictive E[AP@k], bias-corrected."""
+
+    name = "tail"
+    summary = "GPD posterior over the shape ξ, predictive E[AP@k]"
+    cost = "~7 plain fits (bias correction; bias_replicates=0: one)"
+    rank_laws = (*RANK_LAWS, PREDICTIVE)
+    own_rank_law = PREDICTIVE
+    separable_rows = False  # the empirical-Bayes prior pools every query's tail
+
+    def hardness(self, predictor, level, weight):
+        counts, post = predictor.tail_fit(level, weight)
+        _, n = predictor.level(level)
+        # Posterior-mean hardness does not depend on N; any N ≥ n gives it.
+        _, x = tail_expected_ap(
+            predictor.pos_sorted, predictor.valid, predictor.j, counts, post, n, n, 1,
+            predictor.bayes,
+        )  # fmt: skip
+        return x, counts, post
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        if rank_law != PREDICTIVE:
+            return super().per_query(predictor, gallery_size, rank_law, level, weight, bayes)
+        terms = predictor.tail_terms(gallery_size, level, weight, bayes)
+        return ap_from_precision_terms(terms, predictor.valid, predictor.k)
+
+    def checked_as(self, rank_law):
+        # ~7 plain fits a prediction: checked through the plug-in GPD, whose
+        # threshold and budget it shares.
+        return ("evt", "plugin")
+
+    def replicate_settings(self, predictor, rank_law):
+        # Replicates refit without the bias correction (~7 plain fits) and carry
+        # each query's correction from the full sample.
+        if rank_law == PREDICTIVE and predictor.bayes.bias_replicates > 0:
+            return dataclasses.replace(predictor.bayes, bias_replicates=0)
+        return None
+
+
+class CurveBaseline(Estimator):
+    """An estimator of the mean alone, refitted in every query-bootstrap replicate."""
+
+    def point_and_interval(self, predictor, gallery_size, per_query, n_boot, confidence):
+        rows = predictor.query_ok.nonzero().squeeze(1)
+        check_n_boot(n_boot)
+        gen = predictor.generator()
+        idx = torch.randint(0, rows.numel(), (n_boot, rows.numel()), generator=gen)
+        pick = torch.cat([torch.arange(rows.numel()).unsqueeze(0), idx])  # row 0: all queries
+        pred = self.predict_rows(predictor, gallery_size, rows, pick)
+        ci = percentile_interval(pred[1:], confidence) if n_boot > 0 else None
+        return float(pred[0]), ci
+
+    def predict_rows(self, predictor, gallery_size, rows, pick) -> torch.Tensor:
+        """(1 + B,) predictions from the queries ``rows[pick[b]]`` of each replicate b."""
+        raise NotImplementedError
+
+
+class SingleX(CurveBaseline):
+    name = "single_x"
+    summary = "one hardness shared by every positive, calibrated on the sample's mAP"
+    cost = "a 1,200-point curve per query"
+
+    def grid(self, predictor):
+        return predictor.memo(
+            "single_x", lambda: single_x_curves(predictor.j, predictor.valid, predictor.k)
+        )
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        lam, grid = self.grid(predictor)
+        measured = predictor.per_query("sample", gallery_size, level=level, weight=weight)
+        ok = predictor.query_ok
+        mean = grid[ok].mean(0, keepdim=True)
+        # λ = n·x at which the homogeneous map reproduces the sample's mAP at n = S.
+        lam_s = invert_decreasing(lam, mean, measured[ok].mean().view(1))
+        n = predictor.level_size(level)
+        at = (lam_s * gallery_size / n).expand(grid.shape[0])
+        return interpolate(lam, grid.nan_to_num(0.0), at)
+
+    def predict_rows(self, predictor, gallery_size, rows, pick):
+        lam, grid = self.grid(predictor)
+        measured = predictor.per_query("sample", gallery_size)[rows]
+        curves = grid[rows][pick].mean(1)  # (1 + B, G)
+        ratio = gallery_size / predictor.sample_size
+        return single_x_predict(lam, curves, measured[pick].mean(1), ratio)
+
+
+class CurveFit(CurveBaseline):
+    """A fit of mAP against the nested sub-sample sizes, evaluated at N (mean only)."""
+
+    def __init__(self, name: str, summary: str) -> None:
+        self.name, self.summary, self.cost = name, summary, "a 2-parameter fit per replicate"
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        return torch.full((predictor.pos_sorted.shape[0],), math.nan, dtype=torch.float64)
+
+    def predict_rows(self, predictor, gallery_size, rows, pick):
+        levels = [i for i in range(len(predictor.state.fractions)) if predictor.level_size(i) > 0]
+        sizes = torch.tensor([float(predictor.level_size(i)) for i in levels], dtype=torch.float64)
+        per_level = torch.stack(
+            [predictor.per_query("sample", 1, level=i)[rows] for i in levels], 1
+        )  # (q, L)
+        return fit_curve(sizes, per_level[pick].mean(1), self.name, float(gallery_size))
+
+
+for _estimator in (
+    PosteriorTail(),
+    PluginGPD(),
+    SupportGPD(),
+    Count(),
+    SampleMetric(),
+    SingleX(),
+    CurveFit("powerlaw", "mAP(n) = a·n^b fitted to the nested sub-samples"),
+    CurveFit("loguniform", "mAP(n) = a + b·log n fitted to the nested sub-samples"),
+):
+    register_estimator(_estimator)

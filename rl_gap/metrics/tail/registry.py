@@ -1,0 +1,163 @@
+"""The tail estimators by name: :class:`Estimator` and the registry every entry point reads.
+
+An estimator is one object registered under its ``estimator=`` name. It says
+what it predicts from (per-positive hardness or the mAP curve), how its
+per-query values become a mean with an interval, which rank laws it takes,
+which checks apply to it, how many top scores per query it reads, and what it
+costs. :func:`predict_map`, :class:`TailExtrapolatedMAP` and ``rl-gap
+extrapolate`` look estimators up here and nowhere else; adding one is a
+subclass plus :func:`register_estimator` (``docs/tail_extrapolation.md``,
+"Add an estimator").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rl_gap.metrics.tail.intervals import bootstrap_ci
+from rl_gap.metrics.tail.rank_law import RANK_LAWS
+
+if TYPE_CHECKING:
+    from rl_gap.metrics.tail.bayes import BayesTailConfig
+    from rl_gap.metrics.tail.diagnostics import Diagnostics
+    from rl_gap.metrics.tail.hardness import TailConfig
+    from rl_gap.metrics.tail.predictor import TailPredictor
+
+#: The rank law of the ``tail`` estimator: its own posterior-predictive E[AP@k].
+PREDICTIVE = "predictive"
+#: ``estimator=`` when none is named (chosen on held-out worlds, docs/tail_validation.md).
+DEFAULT_ESTIMATOR = "evt_support"
+
+
+class Estimator:
+    """One tail estimator: per-query AP@k at gallery size N from a :class:`TailPredictor`.
+
+    Class attributes (a subclass sets what differs):
+        name: the ``estimator=`` name.
+        summary: one line saying what it predicts from.
+        cost: what a prediction costs, relative to scoring the sample.
+        per_positive: built on per-positive hardness: it has ``hardness``, the
+            sufficient-budget check and the diagnostics (``flags``).
+        joint_bootstrap: takes ``nested_boot`` (distractor sample resampled).
+        realized: predicts the sample gallery's own metric (N = S), not N's.
+        rank_laws: the ``rank_law=`` values it accepts; ``own_rank_law`` is ``None``'s.
+        separable_rows: each query's values depend on its own rows alone, so they
+            may be computed a block of queries at a time (``rows``).
+    """
+
+    name: str = ""
+    summary: str = ""
+    cost: str = ""
+    per_positive: bool = False
+    joint_bootstrap: bool = False
+    realized: bool = False
+    rank_laws: tuple[str, ...] = RANK_LAWS
+    own_rank_law: str = "plugin"
+    separable_rows: bool = False
+
+    def kept_depth(self, config: TailConfig) -> int:
+        """Top scores per query this estimator and its checks read (the state's depth).
+
+        By default what the threshold checks read: twice the deepest refit, plus the threshold.
+        """
+        from rl_gap.metrics.tail.diagnostics import THRESHOLD_EXCESSES
+
+        return 2 * max(THRESHOLD_EXCESSES) + 1
+
+    def per_query(
+        self,
+        predictor: TailPredictor,
+        gallery_size: int,
+        rank_law: str,
+        level: int,
+        weight: torch.Tensor | None,
+        bayes: BayesTailConfig | None,
+    ) -> torch.Tensor:
+        """(Q,) AP@k of every query (rows without positives are masked by the caller)."""
+        raise NotImplementedError
+
+    def point_and_interval(
+        self,
+        predictor: TailPredictor,
+        gallery_size: int,
+        per_query: torch.Tensor,
+        n_boot: int,
+        confidence: float,
+    ) -> tuple[float, tuple[float, float] | None]:
+        """mAP@k and its query-bootstrap interval (per-query values fixed, queries resampled)."""
+        mean = float(per_query[predictor.query_ok].mean())
+        return mean, bootstrap_ci(per_query, n_boot, confidence, predictor.generator())
+
+    def hardness(self, predictor: TailPredictor, level: int, weight: torch.Tensor | None):
+        """(x, counts, fit) of a ``per_positive`` estimator on nested level ``level``."""
+        raise ValueError(f"{self.name!r} has no per-positive hardness")
+
+    def checked_as(self, rank_law: str) -> tuple[str, str] | None:
+        """(estimator, rank law) whose diagnostics check this one; None: no checks."""
+        return (self.name, rank_law) if self.per_positive else None
+
+    def check_threshold(
+        self, predictor: TailPredictor, gallery_size: int, noise: float, per_thr, out: Diagnostics
+    ) -> None:
+        """Add this estimator's threshold-stability findings to ``out`` (none by default)."""
+
+    def replicate_settings(self, predictor: TailPredictor, rank_law: str) -> BayesTailConfig | None:
+        """Cheaper settings for the joint-bootstrap replicates (None: the predictor's own)."""
+        return None
+
+    def warnings(self, predictor: TailPredictor) -> list[str]:
+        """Why this sample is too small for this estimator (warned, not refused)."""
+        return []
+
+
+_REGISTRY: dict[str, Estimator] = {}
+
+
+def register_estimator(estimator: Estimator) -> Estimator:
+    """Add ``estimator`` under its name (a second one with the same name is refused)."""
+    if not estimator.name:
+        raise ValueError(f"{type(estimator).__name__} has no name")
+    if estimator.name in _REGISTRY:
+        raise ValueError(f"an estimator named {estimator.name!r} is already registered")
+    _REGISTRY[estimator.name] = estimator
+    return estimator
+
+
+def _load_builtin() -> None:
+    if not _REGISTRY:
+        import rl_gap.metrics.tail.estimators  # noqa: F401  (registers the built-in estimators)
+
+
+def available_estimators() -> tuple[str, ...]:
+    """Every registered ``estimator=`` name, in registration order."""
+    _load_builtin()
+    return tuple(_REGISTRY)
+
+
+def get_estimator(name: str | Estimator) -> Estimator:
+    """The estimator registered as ``name`` (an :class:`Estimator` passes through)."""
+    if isinstance(name, Estimator):
+        return name
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown estimator {name!r}; known: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def resolve_rank_law(estimator: str | Estimator, rank_law: str | None) -> str:
+    """The rank law an estimator uses: its own for ``None``; "predictive" only for its owner."""
+    est = get_estimator(estimator)
+    if rank_law is None:
+        return est.own_rank_law
+    if rank_law == PREDICTIVE and PREDICTIVE not in est.rank_laws:
+        owners = [e.name for e in _REGISTRY.values() if PREDICTIVE in e.rank_laws]
+        raise ValueError(
+            f"rank_law 'predictive' is the {', '.join(owners)} estimator's, not {est.name!r}'s"
+        )
+    if rank_law not in (*RANK_LAWS, PREDICTIVE):
+        raise ValueError(
+            f"unknown rank_law {rank_law!r}; known: {', '.join((*RANK_LAWS, PREDICTIVE))}"
+        )
+    return rank_law

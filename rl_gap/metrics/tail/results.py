@@ -1,0 +1,95 @@
+"""What a tail prediction returns: :class:`TailEstimate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rl_gap.metrics.tail.bayes import GPDPosterior
+from rl_gap.metrics.tail.hardness import TailFit
+
+
+@dataclass
+class TailEstimate:
+    """A predicted mAP@k with its uncertainty.
+
+    Attributes:
+        map: predicted mAP@k (mean over queries with ≥ 1 positive).
+        ci: 95% (``confidence``) percentile interval, bootstrap over queries;
+            None when asked for no interval (``n_boot=0``).
+        per_query: (Q,) float64 per-query AP@k, NaN for excluded queries
+            (all NaN for the curve fits, which predict only the mean).
+        estimator, rank_law, gallery_size, k, sample_size: what was predicted.
+        n_queries: queries with ≥ 1 positive; n_excluded: queries without.
+        hardness: (Q, m) per-positive hardness, positives sorted descending
+            (None for ``sample``).
+        tail_ok: (Q,) bool for ``evt``/``tail``: False where the tail fit was
+            degenerate and the query fell back to counting.
+        fit: the per-query TailFit for ``evt``, the GPDPosterior for ``tail``.
+        nested_ci: interval of the nested bootstrap (queries and distractor
+            sample), when requested; sample_noise_sd: std of the prediction
+            over distractor-sample resamples alone.
+        budget: sufficient-budget diagnostic, when requested.
+        flags: why the sample cannot support this prediction, one line per
+            failed check (threshold instability of the fitted tail, the S/4–S/2–S
+            sufficient-budget check; ``rl_gap.metrics.tail.diagnostics``); empty
+            when every check passed or none ran.
+        ci_total: ``ci`` (or ``nested_ci`` when computed) widened by the spread
+            of the prediction over GPD thresholds: the interval that also carries
+            the threshold (model-choice) uncertainty. None when not diagnosed, or
+            with no interval to widen (``n_boot=0`` and no ``nested_ci``).
+        diagnostics: the full :class:`~rl_gap.metrics.tail.diagnostics.Diagnostics`.
+    """
+
+    map: float
+    ci: tuple[float, float] | None
+    per_query: torch.Tensor
+    estimator: str
+    rank_law: str
+    gallery_size: int
+    k: int
+    sample_size: int
+    n_queries: int
+    n_excluded: int
+    hardness: torch.Tensor | None = None
+    tail_ok: torch.Tensor | None = None
+    fit: TailFit | GPDPosterior | None = None
+    nested_ci: tuple[float, float] | None = None
+    sample_noise_sd: float | None = None
+    budget: dict | None = field(default=None)
+    flags: list[str] = field(default_factory=list)
+    ci_total: tuple[float, float] | None = None
+    diagnostics: object | None = None
+
+    @property
+    def supported(self) -> bool:
+        """False when a diagnostic check flagged the prediction (see ``flags``)."""
+        return not self.flags
+
+    def to_dict(self) -> dict:
+        """JSON-friendly summary (no per-positive tensors)."""
+        out = {
+            "estimator": self.estimator,
+            "rank_law": self.rank_law,
+            "map": self.map,
+            "ci": None if self.ci is None else list(self.ci),
+            "gallery_size": self.gallery_size,
+            "k": self.k,
+            "sample_size": self.sample_size,
+            "n_queries": self.n_queries,
+            "n_excluded": self.n_excluded,
+        }
+        if self.tail_ok is not None:
+            out["n_tail_fallback"] = int((~self.tail_ok).sum())
+        if self.nested_ci is not None:
+            out["nested_ci"] = list(self.nested_ci)
+            out["sample_noise_sd"] = self.sample_noise_sd
+        if self.budget is not None:
+            out["budget"] = self.budget
+        if self.diagnostics is not None:
+            out["flags"] = list(self.flags)
+            out["supported"] = self.supported
+            out["ci_total"] = None if self.ci_total is None else list(self.ci_total)
+            out["diagnostics"] = self.diagnostics.as_dict()
+        return out

@@ -1,0 +1,55 @@
+"""The estimator registry: names, lookup errors, rank laws, and adding an estimator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_gap.metrics.tail import (
+    Estimator,
+    available_estimators,
+    predict_map,
+    register_estimator,
+    registry,
+)
+from rl_gap.metrics.tail.estimate import ESTIMATORS, HARDNESS_ESTIMATORS
+from rl_gap.metrics.tail.registry import resolve_rank_law
+
+
+def test_old_name_tuples_are_the_registry_in_order():
+    assert ESTIMATORS == available_estimators() == (
+        "tail", "evt", "evt_support", "count", "sample", "single_x", "powerlaw", "loguniform",
+    )  # fmt: skip
+    assert HARDNESS_ESTIMATORS == ("tail", "evt", "evt_support", "count")
+
+
+def test_rank_law_is_the_estimators_own_and_predictive_only_for_tail():
+    assert resolve_rank_law("tail", None) == "predictive"
+    assert resolve_rank_law("evt", None) == "plugin"
+    assert resolve_rank_law("count", "poisson") == "poisson"
+    with pytest.raises(ValueError, match="'predictive' is the tail estimator's, not 'evt'"):
+        resolve_rank_law("evt", "predictive")
+    with pytest.raises(ValueError, match="unknown rank_law 'nope'"):
+        resolve_rank_law("evt", "nope")
+
+
+class HalfEverywhere(Estimator):
+    """A toy estimator: every query's AP@k is 1/2."""
+
+    name = "toy_half"
+    summary = "AP@k = 1/2 for every query"
+    cost = "nothing"
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes):
+        return torch.full((predictor.pos_sorted.shape[0],), 0.5, dtype=torch.float64)
+
+
+def test_a_registered_estimator_is_served_by_predict_map(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register_estimator(HalfEverywhere())
+    assert available_estimators()[-1] == "toy_half"
+    pos = torch.tensor([[0.9, float("nan")], [0.8, 0.7]])
+    est = predict_map(pos, torch.rand(2, 50) - 0.5, 1000, k=10, estimator="toy_half", n_boot=20)
+    assert est.map == 0.5 and est.ci == (0.5, 0.5) and est.hardness is None
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator(HalfEverywhere())
