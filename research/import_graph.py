@@ -38,7 +38,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("modules",),
     ("training",),
     ("experiments", "commands"),
-    ("cli", "demo", "help_cache"),
+    ("cli", "demo", "help_cache", "help_spec"),
     ("recipes",),
 ]
 

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import importlib
 import sys
+from collections.abc import Callable
 
 from rl_gap.commands import COMMANDS
 
@@ -113,8 +114,13 @@ def _training_help(command: str, argv: list[str] | None) -> int:
     _replayed_help(command)
     if not help_spec.enabled():
         return run_training_command(argv)
-    with help_spec.recording():
+    with help_spec.recording(plain_parsers=plain_parsers()):
         return run_training_command(argv)
+
+
+def plain_parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
+    """Name -> builder of each plain sub-command's parser (what the help record stores)."""
+    return {name: (lambda n=name: build_parser(n)[0]) for name in COMMANDS}
 
 
 def cached_help(words: list[str]) -> contextlib.AbstractContextManager:

@@ -10,7 +10,6 @@ import csv
 import hashlib
 import io
 import json
-import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -23,8 +22,6 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from rl_gap.data.ml_layouts import open_rgb
-
-logger = logging.getLogger(__name__)
 
 ImageItem = str | os.PathLike | Image.Image | torch.Tensor
 Transform = Callable[[Any], torch.Tensor]
@@ -54,12 +51,6 @@ def decode_image_bytes(data: bytes, where: str) -> Image.Image:
             return image.convert("RGB")
     except (OSError, SyntaxError, ValueError) as error:
         raise ValueError(f"corrupt or truncated image {where}: {error}") from error
-
-
-def skip_corrupt_sample(error: Exception) -> bool:
-    """WebDataset error handler: log the bad sample (shard and key in the message) and go on."""
-    logger.warning("WebDataset: skipping a sample: %s", error)
-    return True
 
 
 def stable_group_id(key: str) -> int:

@@ -33,6 +33,13 @@ from rl_gap.data.resumable import item_seed
 
 logger = logging.getLogger(__name__)
 
+
+def skip_corrupt_sample(error: Exception) -> bool:
+    """WebDataset error handler: log the bad sample (shard and key in the message) and go on."""
+    logger.warning("WebDataset: skipping a sample: %s", error)
+    return True
+
+
 __all__ = ["ResumableStreamLoader", "ShardStream", "batches_of_worker"]
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
@@ -124,8 +131,6 @@ class ShardStream(IterableDataset):
         """Grouped tar members with an image and a caption, shuffled (seeded buffer)."""
         from webdataset.tariterators import tarfile_samples
 
-        from rl_gap.data.image_text_sets import skip_corrupt_sample
-
         samples = (
             raw
             for url in self._shards(reader, epoch)
@@ -160,8 +165,6 @@ class ShardStream(IterableDataset):
         """This reader's samples of ``self.epoch``, each with ``__position__``: the stream
         samples read through it (after ``skip_positions[worker]`` read past, and
         ``skip_batches`` of the loader already served)."""
-        from rl_gap.data.image_text_sets import skip_corrupt_sample
-
         reader, epoch = self._reader(), self.epoch
         worker = reader % self.workers
         done = batches_of_worker(self.skip_batches, worker, self.workers) * self.batch_size

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rl_gap import dist as shard_comm
 from rl_gap.losses.ap_surrogate import APSurrogateLoss
 from rl_gap.losses.registry import register_loss
 from rl_gap.precision import full_precision
@@ -187,6 +188,58 @@ def check_sim_range(sim_range: Sequence[float]) -> tuple[float, float]:
 
 
 @register_loss("softbin")
+# The sharded form: both histograms all-reduced over ranks, O(L) values.
+class _ShardedSoftBinAP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, positive, num_bins, low, high):  # type: ignore[override]
+        # num_bins here: the number of bin centres (FastAP num_bins + 1)
+        flat = scores.detach()
+        both = flat.new_zeros(2 * num_bins, dtype=torch.float64)
+        lower_all = torch.empty(flat.numel(), dtype=torch.int16, device=flat.device)
+        for start in range(0, flat.numel(), ITEM_CHUNK):
+            part = slice(start, min(start + ITEM_CHUNK, flat.numel()))
+            lower, frac = _bin_items(flat[part], num_bins, low, high)
+            lower_all[part] = lower
+            index = lower.add_(positive[part] * num_bins)
+            upper_w = frac.double()
+            both.index_add_(0, index, 1.0 - upper_w).index_add_(0, index.add_(1), upper_w)
+        num_pos = torch.tensor(
+            [float(torch.count_nonzero(positive))], dtype=torch.float64, device=flat.device
+        )
+        packed = shard_comm.all_reduce(torch.cat([both, num_pos]))
+        hist_pos = packed[num_bins : 2 * num_bins][None]
+        hist = packed[:num_bins][None] + hist_pos
+        num_pos = packed[-1:]
+        ap = fastap_from_histograms(hist, hist_pos, num_pos)[0]
+        ctx.save_for_backward(lower_all, positive, (flat >= low) & (flat <= high), hist, hist_pos)
+        ctx.num_pos, ctx.input_dtype = num_pos, scores.dtype
+        ctx.inv_width = (num_bins - 1) / (high - low)
+        return ap.to(scores.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):  # type: ignore[override]
+        lower_all, positive, inside, hist, hist_pos = ctx.saved_tensors
+        with torch.enable_grad():
+            h = hist.detach().requires_grad_(True)
+            hp = hist_pos.detach().requires_grad_(True)
+            ap = fastap_from_histograms(h, hp, ctx.num_pos)[0]
+            grad_h, grad_hp = torch.autograd.grad(ap, (h, hp), grad_output.double())
+        table = torch.cat([grad_h.reshape(-1), (grad_h + grad_hp).reshape(-1)])
+        num_bins = hist.shape[1]
+        index = lower_all.long() + positive * num_bins
+        grad = (table.take(index) - table.take(index + 1)) * inside * ctx.inv_width
+        return grad.to(ctx.input_dtype), None, None, None, None
+
+
+def sharded_softbin_ap(scores, positive, num_bins, sim_range) -> torch.Tensor:
+    """SoftBin AP of the list concatenated over ranks ((n,) scores and positives per rank)."""
+    low, high = (float(v) for v in sim_range)
+    # num_bins counts FastAP's intervals; the histograms hold its num_bins + 1 centres.
+    centres = check_num_bins(num_bins) + 1
+    return _ShardedSoftBinAP.apply(scores, positive, centres, low, high)
+
+
 class SoftBinAPLoss(APSurrogateLoss):
     """Per-query SoftBin loss: ``1 − mean_{rows with a positive} SoftBinAP(row)``.
 
@@ -236,10 +289,7 @@ class SoftBinAPLoss(APSurrogateLoss):
 
     def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
         """The global SoftBin AP over ranks: the two (L,) histograms are all-reduced."""
-        # Imported here: the sharded kernels reuse this module's pieces.
-        from rl_gap.losses.sharding import global_surrogates
-
-        return global_surrogates.sharded_softbin_ap(scores, positive, self.num_bins, self.sim_range)
+        return sharded_softbin_ap(scores, positive, self.num_bins, self.sim_range)
 
 
 @register_loss("gsoftbin")

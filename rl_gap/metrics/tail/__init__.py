@@ -66,6 +66,10 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
+# The built-in estimators register themselves on import: any use of the registry
+# (``get_estimator("evt")``, the command, ``predict_map``) goes through this package.
+from rl_gap.metrics.tail import estimators as _builtin_estimators  # noqa: E402, F401
+
 __all__ = [
     "BayesTailConfig",
     "DEFAULT_BAYES",

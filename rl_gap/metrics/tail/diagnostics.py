@@ -30,11 +30,9 @@ import torch
 
 from rl_gap.metrics.tail.hardness import estimate_hardness, sample_excesses
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
-from rl_gap.metrics.tail.registry import get_estimator
+from rl_gap.metrics.tail.registry import THRESHOLD_EXCESSES, get_estimator
 from rl_gap.metrics.tail.rows import concat_rows
 
-#: Exceedance counts of the threshold-stability refits.
-THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
 #: Flag when the predicted mAP@k moves by more than this over the thresholds.
 THRESHOLD_TOLERANCE = 0.03
 #: Flag when the median fitted shape moves by more than this between 25 and 400 exceedances.

@@ -13,6 +13,7 @@ from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
 if TYPE_CHECKING:
     from rl_gap.metrics.tail.predictor import TailPredictor
+    from rl_gap.metrics.tail.registry import Estimator
 
 
 def check_n_boot(n_boot: int) -> None:
@@ -63,9 +64,9 @@ def bootstrap_ci(
 
 def joint_bootstrap(
     predictor: TailPredictor,
-    estimator: str,
+    estimator: Estimator,
     gallery_size: int,
-    rank_law: str | None,
+    rank_law: str,
     n_rep: int,
     confidence: float,
     per_query: torch.Tensor,
@@ -74,9 +75,9 @@ def joint_bootstrap(
 
     With a keyed state a distractor gets one Poisson(1) multiplicity for every
     query (one distractor that ranks high for many queries moves them all);
-    otherwise each query's kept scores are resampled on their own.
+    otherwise each query's kept scores are resampled on their own. ``rank_law`` is the
+    estimator's resolved law (``inputs.resolve_request``).
     """
-    from rl_gap.metrics.tail.registry import get_estimator, resolve_rank_law
 
     gen = predictor.generator(1)
     top, _ = predictor.level(-1)
@@ -85,11 +86,10 @@ def joint_bootstrap(
     rows = predictor.query_ok.nonzero().squeeze(1)
     # An expensive estimator's replicates may run cheaper settings and carry each
     # query's difference to the full prediction.
-    law = resolve_rank_law(estimator, rank_law)
-    fast = get_estimator(estimator).replicate_settings(predictor, law)
+    fast = estimator.replicate_settings(predictor, rank_law)
     shift = 0.0
     if fast is not None:
-        plain = predictor.per_query(estimator, gallery_size, rank_law, bayes=fast)
+        plain = predictor.per_query(estimator.name, gallery_size, rank_law, bayes=fast)
         shift = (per_query - plain)[rows]
     estimate = float(per_query[rows].mean())
     joint, sample_only = [], []

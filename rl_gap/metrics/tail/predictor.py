@@ -297,7 +297,7 @@ class TailPredictor:
         stage("joint bootstrap")
         if request.nested_boot > 0 and request.estimator.joint_bootstrap:
             est.nested_ci, est.sample_noise_sd = joint_bootstrap(
-                self, request.name, request.gallery_size, request.rank_law,
+                self, request.estimator, request.gallery_size, request.rank_law,
                 request.nested_boot, request.confidence, per_query,
             )  # fmt: skip
         stage("budget")

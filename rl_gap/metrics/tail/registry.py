@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from rl_gap.metrics.tail.hardness import TailConfig
     from rl_gap.metrics.tail.predictor import TailPredictor
 
+#: Exceedance counts of the threshold-stability refits (``diagnostics``).
+THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
 #: The rank law of the ``tail`` estimator: its own posterior-predictive E[AP@k].
 PREDICTIVE = "predictive"
 #: ``estimator=`` when none is named (chosen on held-out worlds, docs/tail_validation.md).
@@ -62,8 +64,6 @@ class Estimator:
 
         By default what the threshold checks read: twice the deepest refit, plus the threshold.
         """
-        from rl_gap.metrics.tail.diagnostics import THRESHOLD_EXCESSES
-
         return 2 * max(THRESHOLD_EXCESSES) + 1
 
     def per_query(
@@ -125,14 +125,8 @@ def register_estimator(estimator: Estimator) -> Estimator:
     return estimator
 
 
-def _load_builtin() -> None:
-    if not _REGISTRY:
-        import rl_gap.metrics.tail.estimators  # noqa: F401  (registers the built-in estimators)
-
-
 def available_estimators() -> tuple[str, ...]:
     """Every registered ``estimator=`` name, in registration order."""
-    _load_builtin()
     return tuple(_REGISTRY)
 
 
@@ -140,7 +134,6 @@ def get_estimator(name: str | Estimator) -> Estimator:
     """The estimator registered as ``name`` (an :class:`Estimator` passes through)."""
     if isinstance(name, Estimator):
         return name
-    _load_builtin()
     if name not in _REGISTRY:
         raise ValueError(f"unknown estimator {name!r}; known: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from surrogate_refs import blackbox_reference, brute_softbin_ap, brute_supap
 
+from rl_gap.losses import softbin
 from rl_gap.losses.sharding import global_surrogates
 
 
@@ -29,7 +30,7 @@ def value_and_grad(fn, scores, scale=1.0):
 def test_softbin_is_the_brute_force_histogram_ap(one_rank_group, num_bins):
     scores, positive = flat_list()
     value, grad = value_and_grad(
-        lambda s: global_surrogates.sharded_softbin_ap(s, positive, num_bins, (-1.0, 1.0)), scores
+        lambda s: softbin.sharded_softbin_ap(s, positive, num_bins, (-1.0, 1.0)), scores
     )
     ref, ref_grad = value_and_grad(
         lambda s: brute_softbin_ap(s, positive.tolist(), num_bins), scores

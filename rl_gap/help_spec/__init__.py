@@ -34,7 +34,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,7 +43,7 @@ COMMANDS = ("fit", "validate", "test", "predict")
 FORMAT = 1
 SPEC_NAME = "help_spec.json"
 ENV_PREFIXES = ("JSONARGPARSE_", "PL_", "LIGHTNING_")
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # rl_gap/
 PROG = "{prog}"  # stands for the program name in a stored prog
 last_recording: dict[str, Any] = {}  # what the latest recording() saw (tests read the parser)
 
@@ -303,8 +303,11 @@ def record_page(parser, program: str | None = None) -> tuple[dict[str, Any], str
     return page, live
 
 
-def record_spec(top_parser, program: str) -> dict[str, Any]:
-    """The spec of every training command's help page, checked against the live text."""
+def record_spec(
+    top_parser, program: str, plain_parsers: Mapping[str, Callable[[], Any]] | None = None
+) -> dict[str, Any]:
+    """The spec of every training command's help page, checked against the live text, and
+    of the plain sub-commands whose parsers ``plain_parsers`` builds (name -> builder)."""
     subcommands = top_parser._subcommands_action._name_parser_map
     commands = {}
     for name in COMMANDS:
@@ -313,19 +316,16 @@ def record_spec(top_parser, program: str) -> dict[str, Any]:
         if replayed != live:  # a layout this replay does not reproduce: store nothing
             raise ValueError(f"the stored help of {name!r} differs from the live help")
         commands[name] = page
-    return {"format": FORMAT, "key": current_key(), "commands": {**commands, **plain_pages()}}
+    plain = plain_pages(plain_parsers or {})
+    return {"format": FORMAT, "key": current_key(), "commands": {**commands, **plain}}
 
 
-def plain_pages() -> dict[str, dict[str, Any]]:
+def plain_pages(plain_parsers: Mapping[str, Callable[[], Any]]) -> dict[str, dict[str, Any]]:
     """The help pages of the plain sub-commands (``evaluate``, ``extrapolate``, ...), each
     checked against its live text (a page this replay does not reproduce is left out)."""
-    from rl_gap.cli import build_parser
-    from rl_gap.commands import COMMANDS as PLAIN
-
     pages = {}
-    for name in PLAIN:
-        parser, _ = build_parser(name)
-        page, live = record_page(parser)
+    for name, build_parser in plain_parsers.items():
+        page, live = record_page(build_parser())
         if render(page) == live:
             pages[name] = page
     return pages
@@ -347,10 +347,13 @@ def write_spec(spec: dict[str, Any]) -> Path | None:
 
 
 @contextlib.contextmanager
-def recording(on_record=write_spec) -> Iterator[dict[str, Any]]:
+def recording(
+    on_record=write_spec, plain_parsers: Mapping[str, Callable[[], Any]] | None = None
+) -> Iterator[dict[str, Any]]:
     """Around a live ``rl-gap <command> --help``: when a training command's parser formats
-    its help, record the spec of all four pages and pass it to ``on_record`` (by default,
-    write it). Yields a dict that then holds ``spec`` and ``parser`` (the top parser)."""
+    its help, record the spec of all four pages (and of the plain sub-commands that
+    ``plain_parsers`` builds) and pass it to ``on_record`` (by default, write it). Yields a
+    dict that then holds ``spec`` and ``parser`` (the top parser)."""
     from jsonargparse import ArgumentParser
 
     program = os.path.basename(sys.argv[0])
@@ -365,7 +368,7 @@ def recording(on_record=write_spec) -> Iterator[dict[str, Any]]:
         if "spec" not in seen and action is not None and parser in action._name_parser_map.values():
             seen["spec"] = None  # the recording formats the pages itself
             with contextlib.suppress(ValueError, KeyError):
-                seen["spec"] = record_spec(top, program)
+                seen["spec"] = record_spec(top, program, plain_parsers)
                 seen["parser"] = top
                 on_record(seen["spec"])
         return original(parser, *args, **kwargs)
@@ -375,32 +378,3 @@ def recording(on_record=write_spec) -> Iterator[dict[str, Any]]:
         yield seen
     finally:
         ArgumentParser.format_help = original
-
-
-def build(out: Path | None = None) -> Path | None:
-    """Build the spec from the live parser (as ``rl-gap``) and write it."""
-    from rl_gap.cli import run_training_command
-
-    if out is not None:
-        os.environ["RL_GAP_HELP_SPEC"] = str(out)
-    sys.argv[0] = "rl-gap"
-    written: list[Path | None] = []
-    with (
-        open(os.devnull, "w", encoding="utf-8") as sink,
-        contextlib.redirect_stdout(sink),
-        recording(lambda spec: written.append(write_spec(spec))),
-        contextlib.suppress(SystemExit),
-    ):
-        run_training_command(["fit", "--help"])
-    if not written or written[0] is None:
-        raise SystemExit("rl_gap.help_spec: the help spec could not be recorded or written")
-    return written[0]
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        prog="python -m rl_gap.help_spec",
-        description="Record the help of rl-gap fit/validate/test/predict for replay.",
-    )
-    parser.add_argument("--out", type=Path, help="spec file (default: rl_gap/help_spec.json)")
-    print(f"help spec written to {build(parser.parse_args().out)}")
