@@ -149,10 +149,10 @@ class BlockScorer:
                     self._out = torch.empty(self._out_size, dtype=plan.dtype, device=plan.device)
                 out = self._out[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0)
                 torch.mm(q_blk, d_blk.T, out=out)
-            if plan.symmetric and r0 == c0:
-                mirror_upper(out)
             if plan.q_shift is not None:
                 out.sub_(plan.q_shift[r0:r1, None])
+        if plan.symmetric and r0 == c0:
+            mirror_upper(out)  # on the bookkeeping thread: threads slow its small copies
         return out
 
     def mask_self(self, block: Tensor, r0: int, r1: int, c0: int) -> None:
