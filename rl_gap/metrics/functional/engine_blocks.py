@@ -18,7 +18,25 @@ from rl_gap.metrics.functional.engine_plan import Plan
 from rl_gap.metrics.functional.state import torch_threads
 from rl_gap.precision import autocast_disabled
 
-__all__ = ["BlockReader", "BlockScorer"]
+__all__ = ["BlockReader", "BlockScorer", "mirror_upper"]
+
+# Columns of a diagonal block mirrored per step (the temporary is one small tile).
+_MIRROR_STRIP = 256
+
+
+def mirror_upper(block: Tensor) -> None:
+    """Copy the upper triangle of a square block onto its lower one, in place.
+
+    A GEMM's rounding depends on its shape and on an element's place in it, so
+    ``A @ A.T`` need not be symmetric; leave-one-out needs s(i, j) and s(j, i) to
+    be one value (one tie), as the blocks off the diagonal already are (mirrored).
+    """
+    n = block.shape[0]
+    for c0 in range(0, n, _MIRROR_STRIP):
+        c1 = min(n, c0 + _MIRROR_STRIP)
+        block[c1:, c0:c1].copy_(block[c0:c1, c1:].T)
+        tile = block[c0:c1, c0:c1]
+        tile.copy_(tile.triu() + tile.triu(1).T)  # x + 0 is x: the upper values, exactly
 
 
 class BlockReader:
@@ -133,6 +151,8 @@ class BlockScorer:
                 torch.mm(q_blk, d_blk.T, out=out)
             if plan.q_shift is not None:
                 out.sub_(plan.q_shift[r0:r1, None])
+        if plan.symmetric and r0 == c0:
+            mirror_upper(out)  # on the bookkeeping thread: threads slow its small copies
         return out
 
     def mask_self(self, block: Tensor, r0: int, r1: int, c0: int) -> None:

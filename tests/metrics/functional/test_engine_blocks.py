@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_gap.metrics.functional.engine_blocks import BlockReader, BlockScorer
+from rl_gap.metrics.functional.engine_blocks import BlockReader, BlockScorer, mirror_upper
 from rl_gap.metrics.functional.engine_plan import plan_problem
 
 
@@ -99,6 +99,32 @@ PEAK_SCRIPT = textwrap.dedent(
     print(status("VmHWM:") - base)
     """
 )
+
+
+@pytest.mark.parametrize("size", [1, 5, 255, 256, 257, 600])
+def test_mirror_upper_copies_the_upper_triangle_exactly(size):
+    block = torch.randn(size, size, generator=torch.Generator().manual_seed(size))
+    upper = torch.triu_indices(size, size)
+    expected = torch.empty_like(block)
+    expected[upper[0], upper[1]] = block[upper[0], upper[1]]
+    expected[upper[1], upper[0]] = block[upper[0], upper[1]]
+    mirror_upper(block)
+    assert torch.equal(block, expected)
+
+
+def test_symmetric_diagonal_blocks_are_symmetric():
+    """One embedding set, leave-one-out: a diagonal block's GEMM need not round
+    s(i, j) and s(j, i) alike; the scorer returns them as one value."""
+    x = torch.randn(40, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.zeros(40, dtype=torch.long)
+    plan = plan_problem(x, None, labels, exclude_self=True, block_size=16)
+    assert plan.symmetric
+    scorer = BlockScorer(plan)
+    for start, stop in plan.row_blocks:
+        for keep in (False, True):
+            block = scorer.score(start, stop, start, stop, keep=keep)
+            assert torch.equal(block, block.T)
+            torch.testing.assert_close(block, x[start:stop] @ x[start:stop].T)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
