@@ -187,7 +187,6 @@ def check_sim_range(sim_range: Sequence[float]) -> tuple[float, float]:
     return low, high
 
 
-@register_loss("softbin")
 # The sharded form: both histograms all-reduced over ranks, O(L) values.
 class _ShardedSoftBinAP(torch.autograd.Function):
     @staticmethod
@@ -240,6 +239,7 @@ def sharded_softbin_ap(scores, positive, num_bins, sim_range) -> torch.Tensor:
     return _ShardedSoftBinAP.apply(scores, positive, centres, low, high)
 
 
+@register_loss("softbin")
 class SoftBinAPLoss(APSurrogateLoss):
     """Per-query SoftBin loss: ``1 − mean_{rows with a positive} SoftBinAP(row)``.
 
