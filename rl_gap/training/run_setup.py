@@ -46,15 +46,35 @@ def usage_error(message: str) -> NoReturn:
 
 
 def setting_error(error: BaseException) -> str | None:
-    """``--model.loss: <message>`` for a loss or optimizer setting error in ``error``'s chain."""
+    """``--model.loss: <message>`` for a loss or optimizer setting error in ``error``'s chain,
+    or ``--model.init_args: <message>`` for a class's own refusal that jsonargparse wrapped
+    into its "does not validate against any of the Union subtypes" report."""
     seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
         for kind, key in _SETTING_KEYS:
-            if isinstance(error, kind):
-                return f"{key}: {error}"
-        error = error.__cause__ or error.__context__
-    return None
+            if isinstance(cause, kind):
+                return f"{key}: {cause}"
+        cause = cause.__cause__ or cause.__context__
+    return _constructor_error(str(error))
+
+
+def _constructor_error(report: str) -> str | None:
+    """The first subtype's error of a jsonargparse Union report (the None subtype's is noise)."""
+    if "Does not validate against any of the Union subtypes" not in report:
+        return None
+    errors = [
+        line.strip()[2:]
+        for line in report.splitlines()
+        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+    ]
+    if not errors:
+        return None
+    group = (
+        "--data.init_args" if "DataModule" in report.split("Errors:")[0] else "--model.init_args"
+    )
+    return f"{group}: {errors[0]}"
 
 
 @dataclass
