@@ -22,7 +22,7 @@ import pytest
 from cluster_helpers import ROOT, fit_argv
 
 WAIT_S = 300  # for the workers to start on a loaded machine
-STOP_BOUND_S = 45  # signal -> exit: well below torch's 2 x 30 s grace (no speed benchmark)
+STOP_BOUND_S = 45  # a launcher alive this long after SIGTERM hangs (torch's 2 x 30 s grace)
 
 
 def _env():
@@ -93,14 +93,17 @@ class LockWatch:
 
 
 def _stop_launcher(proc, log):
-    """SIGTERM to the launcher only; (exit status, seconds to exit, stderr)."""
+    """SIGTERM to the launcher only; (exit status, seconds to exit, stderr).
+
+    A launcher still running STOP_BOUND_S after the signal is a hang (torch's own path
+    waits out two 30 s grace periods), not a slow machine."""
     sent = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)
     try:
-        status = proc.wait(timeout=WAIT_S)
+        status = proc.wait(timeout=STOP_BOUND_S)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail(f"no exit after SIGTERM\n{Path(log).read_text()[-3000:]}")
+        pytest.fail(f"no exit {STOP_BOUND_S} s after SIGTERM\n{Path(log).read_text()[-3000:]}")
     return status, time.monotonic() - sent, Path(log).read_text()
 
 
@@ -133,7 +136,6 @@ def test_sigterm_to_the_spawn_launcher_before_training_stops_every_worker_prompt
         status, seconds, text = _stop_launcher(proc, log)
         print(f"{when}: exit {status} {seconds:.1f} s after SIGTERM")
         assert status == 143, text[-3000:]
-        assert seconds < STOP_BOUND_S, text[-3000:]
         assert "SIGTERM" in text and "nothing was trained" in text, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
         assert watch.result() == [], f"the run lock was released while {watch.result()} ran"
@@ -180,7 +182,6 @@ def test_sigterm_to_the_ddp_spawn_launcher_while_workers_start_exits_143_promptl
         status, seconds, text = _stop_launcher(proc, log)
         print(f"{trigger}: exit {status} {seconds:.1f} s after SIGTERM")
         assert status == 143, text[-3000:]
-        assert seconds < STOP_BOUND_S, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
         if "nothing was trained" in text:
             assert not (tmp_path / "spawn" / "checkpoints" / "last.ckpt").exists()

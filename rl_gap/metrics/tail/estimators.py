@@ -11,6 +11,7 @@ homogeneous-hardness and curve-fit baselines (``baselines``).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 
@@ -181,9 +182,9 @@ class CurveBaseline(Estimator):
         ci = percentile_interval(pred[1:], confidence) if n_boot > 0 else None
         return float(pred[0]), ci
 
+    @abc.abstractmethod
     def predict_rows(self, predictor, gallery_size, rows, pick) -> torch.Tensor:
         """(1 + B,) predictions from the queries ``rows[pick[b]]`` of each replicate b."""
-        raise NotImplementedError
 
 
 class SingleX(CurveBaseline):

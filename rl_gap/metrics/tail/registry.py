@@ -12,6 +12,7 @@ subclass plus :func:`register_estimator` (``docs/tail_extrapolation.md``,
 
 from __future__ import annotations
 
+import abc
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +34,7 @@ PREDICTIVE = "predictive"
 DEFAULT_ESTIMATOR = "evt_support"
 
 
-class Estimator:
+class Estimator(abc.ABC):
     """One tail estimator: per-query AP@k at gallery size N from a :class:`TailPredictor`.
 
     Class attributes (a subclass sets what differs):
@@ -66,6 +67,7 @@ class Estimator:
         """
         return 2 * max(THRESHOLD_EXCESSES) + 1
 
+    @abc.abstractmethod
     def per_query(
         self,
         predictor: TailPredictor,
@@ -76,7 +78,6 @@ class Estimator:
         bayes: BayesTailConfig | None,
     ) -> torch.Tensor:
         """(Q,) AP@k of every query (rows without positives are masked by the caller)."""
-        raise NotImplementedError
 
     def point_and_interval(
         self,
@@ -102,6 +103,7 @@ class Estimator:
         self, predictor: TailPredictor, gallery_size: int, noise: float, per_thr, out: Diagnostics
     ) -> None:
         """Add this estimator's threshold-stability findings to ``out`` (none by default)."""
+        return None  # no threshold to check (the GPD estimators override this)
 
     def replicate_settings(self, predictor: TailPredictor, rank_law: str) -> BayesTailConfig | None:
         """Cheaper settings for the joint-bootstrap replicates (None: the predictor's own)."""

@@ -67,9 +67,7 @@ def test_leave_one_out_each_pair_is_one_value_for_every_block_size(dtype):
     rel = labels[:, None] == labels[None]
     valid = ~torch.eye(n, dtype=torch.bool)
     reference = _reference(_symmetrised(x @ x.T), rel, valid)
-    _check_against_every_block(
-        lambda b: _metrics(x, None, labels, None, b, True), n, reference
-    )
+    _check_against_every_block(lambda b: _metrics(x, None, labels, None, b, True), n, reference)
 
 
 def _integer_with_duplicates(n: int, dim: int, seed: int) -> torch.Tensor:
@@ -89,9 +87,7 @@ def test_ties_and_duplicates_leave_one_out_every_block_size():
     rel = labels[:, None] == labels[None]
     valid = ~torch.eye(n, dtype=torch.bool)
     reference = _reference(x @ x.T, rel, valid)
-    _check_against_every_block(
-        lambda b: _metrics(x, None, labels, None, b, True), n, reference
-    )
+    _check_against_every_block(lambda b: _metrics(x, None, labels, None, b, True), n, reference)
 
 
 def test_ties_and_duplicates_separate_database_every_block_size():
