@@ -35,8 +35,8 @@ demo: $(STAMP)
 	$(PY) -m rl_gap.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rl_gap tests scripts research
-	$(VENV)/bin/ruff format --check rl_gap tests scripts research
+	$(VENV)/bin/ruff check rl_gap tests research benchmarks tools
+	$(VENV)/bin/ruff format --check rl_gap tests research benchmarks tools
 
 # GPU check (docs/gpu.md): `make gpu-wheels` here fills .wheels/ with what a bare GPU machine
 # lacks; `make gpu-check` there proves a GPU run in under 8 minutes (DEVICE=cpu rehearses it).
@@ -46,10 +46,10 @@ DEVICE ?= cuda
 GPU_CHECK_OUT ?= runs/gpu-check
 
 gpu-wheels:
-	$(GPU_PYTHON) scripts/gpu_wheels.py download
+	$(GPU_PYTHON) tools/gpu_wheels.py download
 
 gpu-check:
-	$(GPU_PYTHON) scripts/gpu_check.py --device $(DEVICE) --out $(GPU_CHECK_OUT)
+	$(GPU_PYTHON) tools/gpu_check.py --device $(DEVICE) --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

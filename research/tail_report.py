@@ -1,4 +1,4 @@
-"""The tables ``scripts/validate_tail.py`` prints from its rows.
+"""The tables ``research/validate_tail.py`` prints from its rows.
 
 A row is one (world, seed): the truth, and per estimator a cell with its error,
 interval, coverage and time; with ``--resamples`` the errors on every

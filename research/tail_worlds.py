@@ -2,7 +2,7 @@
 
 Each world draws Q queries with 1..``max_pos`` positives (their scores fixed
 up front) and an endless stream of i.i.d. distractor embeddings; the score of
-a distractor is its inner product with the query. ``scripts/validate_tail.py``
+a distractor is its inner product with the query. ``research/validate_tail.py``
 streams a large pool from a world, keeps the exact top-k of the pool (the
 truth) and the top scores of a hashed random sample (the estimators' input).
 

@@ -1,4 +1,4 @@
-"""Every ``rl_gap``/``research`` import in ``scripts/`` and ``research/`` resolves.
+"""Every import of ours in ``research/``, ``benchmarks/`` and ``tools/`` resolves.
 
 Scripts are run by hand, not by the suite, so an import left behind by a move (one inside a
 worker function especially) breaks only when someone next runs the script. This test reads
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rl_gap", "research")
-FILES = sorted(p for folder in ("scripts", "research") for p in (ROOT / folder).rglob("*.py"))
+FOLDERS = ("research", "benchmarks", "tools")
+PACKAGES = ("rl_gap", *FOLDERS)
+FILES = sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
 
 
 def _ours(module: str) -> bool:
@@ -79,11 +80,11 @@ def test_unresolved_tells_a_stale_import_from_a_live_one():
 
 def test_the_scanned_folders_hold_files():
     names = {p.relative_to(ROOT).as_posix() for p in FILES}
-    assert {"scripts/bench_sharded_loss.py", "research/tail_study.py"} <= names
+    assert {"benchmarks/bench_sharded_loss.py", "research/tail_study.py", "tools/import_graph.py"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_imports_of_scripts_and_research_resolve(path):
+def test_imports_of_the_lab_benchmarks_and_tools_resolve(path):
     rel = path.relative_to(ROOT).as_posix()
     problems = [
         f"{rel}:{line}: {why}"

@@ -164,7 +164,7 @@ def _wandb_settings():
 
     # W&B's system metrics (GPU/CPU/memory panels) and console capture stay on, offline
     # too: measured on this machine, an offline run starts in ~0.7 s and finishes in
-    # ~0.1 s with them, as without (scripts/bench_wandb_settings.py). rl-gap prints its
+    # ~0.1 s with them, as without (benchmarks/bench_wandb_settings.py). rl-gap prints its
     # own summary of where the run went, so wandb's banner is silenced.
     return wandb.Settings(silent=True)
 

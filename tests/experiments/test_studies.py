@@ -1,4 +1,4 @@
-"""scripts/study_neg_drop.py and scripts/study_temperature.py on the MNIST demo: CSV + PNG."""
+"""``python -m research.studies neg_drop|temperature`` on the MNIST demo: CSV + PNG."""
 
 import csv
 import runpy
@@ -16,9 +16,9 @@ TINY = (
 )
 
 
-def _script(name, argv, monkeypatch):
-    monkeypatch.setattr(sys, "argv", [name, *argv])
-    runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+def _script(study, argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["studies.py", study, *argv])
+    runpy.run_path(str(ROOT / "research" / "studies.py"), run_name="__main__")
 
 
 def _run_values(run_dir):
@@ -35,8 +35,8 @@ def _run_values(run_dir):
 @pytest.mark.parametrize(
     "script, option, values, key, column",
     [
-        ("study_neg_drop.py", "--alphas", ("0", "0.999"), "neg_drop", "alpha"),
-        ("study_temperature.py", "--temperatures", ("0.001", "0.5"), "temperature", "tau"),
+        ("neg_drop", "--alphas", ("0", "0.999"), "neg_drop", "alpha"),
+        ("temperature", "--temperatures", ("0.001", "0.5"), "temperature", "tau"),
     ],
 )
 def test_study_writes_table_and_plot(script, option, values, key, column, tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_study_writes_table_and_plot(script, option, values, key, column, tmp_pa
     argv = ["--recipes", str(recipe), option, *values,
             "--num-seeds", "1", "--output", str(out), "--wandb", "off", "--overrides", TINY]  # fmt: skip
     _script(script, argv, monkeypatch)
-    name = script[len("study_") : -len(".py")]
+    name = script
     rows = list(csv.DictReader((out / f"{name}.csv").open()))
     assert [float(r[column]) for r in rows] == [float(v) for v in values]
     for row, value in zip(rows, values):
@@ -68,8 +68,11 @@ def test_study_writes_table_and_plot(script, option, values, key, column, tmp_pa
 
 def test_study_rejects_out_of_range_settings(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--alphas must be in"):
-        _script("study_neg_drop.py", ["--alphas", "1.0", "--output", str(tmp_path)], monkeypatch)
+        _script("neg_drop", ["--alphas", "1.0", "--output", str(tmp_path)], monkeypatch)
     with pytest.raises(ValueError, match="--temperatures must be > 0"):
-        _script(
-            "study_temperature.py", ["--temperatures", "0", "--output", str(tmp_path)], monkeypatch
-        )
+        _script("temperature", ["--temperatures", "0", "--output", str(tmp_path)], monkeypatch)
+
+
+def test_an_unknown_study_is_named_in_a_one_line_usage(monkeypatch):
+    with pytest.raises(SystemExit, match=r"\{neg_drop,temperature\} \.\.\.; got 'neg-drop'"):
+        _script("neg-drop", [], monkeypatch)

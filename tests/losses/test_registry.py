@@ -62,8 +62,8 @@ def test_loss_from_config_swaps_and_catches_typos():
 
 
 def test_bench_script_measures_every_loss():
-    """Smoke test of scripts/bench_losses.py in-process (no subprocess), tiny batch."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_losses.py"
+    """Smoke test of benchmarks/bench_losses.py in-process (no subprocess), tiny batch."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_losses.py"
     spec = importlib.util.spec_from_file_location("bench_losses", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -3,7 +3,7 @@
 Scores are drawn directly from a distribution (exact GPD, exponential, Weibull);
 positives sit at known depths L = −log x, so the truth E[AP@k] at N follows
 from the Binomial rank law at the true hardness (``rank_law``), independently
-of any fit. Also: the simulated worlds of ``scripts/validate_tail.py`` keep
+of any fit. Also: the simulated worlds of ``research/validate_tail.py`` keep
 their defining rates at any number of queries.
 """
 
@@ -84,7 +84,7 @@ def test_near_duplicate_copies_per_query_do_not_depend_on_the_number_of_queries(
 
 
 def _validate_script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "validate_tail.py"
+    path = Path(__file__).resolve().parents[2] / "research" / "validate_tail.py"
     spec = importlib.util.spec_from_file_location("validate_tail", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -92,7 +92,7 @@ def _validate_script():
 
 
 def test_validate_script_splits_the_error_by_sampled_count_and_reuses_its_cache(tmp_path):
-    """scripts/validate_tail.py on a small pool: the per-group errors add up to each
+    """research/validate_tail.py on a small pool: the per-group errors add up to each
     estimator's error (against the pool's exact mAP@k), the summary covers every
     (world, seed), and a second run reads the cached pool instead of streaming it."""
     script = _validate_script()

@@ -67,7 +67,7 @@ __all__ = ["PlanError", "prefer_fast", "smoothed_ap_fast"]
 FAST_MIN_COMPARISONS = 1 << 22
 # On a GPU the exact sweep's P × M sigmoids are one wide elementwise workload while the
 # fast kernel pays ~10^2 launches and a few host syncs per step whatever the size, so the
-# crossover moves up; estimated from those counts (scripts/bench_gpu.py measures it).
+# crossover moves up; estimated from those counts (benchmarks/bench_gpu.py measures it).
 DEVICE_FAST_MIN_COMPARISONS = 1 << 30
 
 

@@ -20,9 +20,9 @@ Times are wall seconds; "peak" is the extra resident memory (RSS sampled every
 2 ms) above the level before the call. Ratios within one run are what to read:
 the machine is shared and timings drift.
 
-    .venv/bin/python scripts/bench_metrics.py            # everything (~10+ min)
-    .venv/bin/python scripts/bench_metrics.py --quick    # 10^6 / 10^7 / 10^8 only
-    .venv/bin/python scripts/bench_metrics.py --layouts --skip-scores --skip-embeddings
+    .venv/bin/python benchmarks/bench_metrics.py            # everything (~10+ min)
+    .venv/bin/python benchmarks/bench_metrics.py --quick    # 10^6 / 10^7 / 10^8 only
+    .venv/bin/python benchmarks/bench_metrics.py --layouts --skip-scores --skip-embeddings
 """
 
 from __future__ import annotations

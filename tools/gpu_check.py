@@ -1,13 +1,13 @@
 """``make gpu-check``: one command that proves a GPU run, each stage under its own time limit.
 
-    python scripts/gpu_check.py                      # on a GPU machine (under 8 minutes on an H200)
-    python scripts/gpu_check.py --device cpu         # the rehearsal: same stages, small sizes
-    python scripts/gpu_check.py --stages tests bench --out runs/gpu-check
+    python tools/gpu_check.py                      # on a GPU machine (under 8 minutes on an H200)
+    python tools/gpu_check.py --device cpu         # the rehearsal: same stages, small sizes
+    python tools/gpu_check.py --stages tests bench --out runs/gpu-check
 
 Stages (docs/gpu.md):
 
 - ``wheels``: the wheel folder (``.wheels/``, ``make gpu-wheels``) holds every pin of
-  ``scripts/gpu_wheels.txt``; those the machine lacks are installed with
+  ``tools/gpu_wheels.txt``; those the machine lacks are installed with
   ``pip install --no-index --no-deps --target <tmp>``, which goes on ``PYTHONPATH`` (the
   machine's own torch is used). The rehearsal installs them all for CPython 3.12 manylinux
   x86-64 (proving they install) and, unless ``--no-bare``, hides from its stages every package a
@@ -17,7 +17,7 @@ Stages (docs/gpu.md):
 - ``recipe:<name>``: fit a demo recipe a few dozen steps with ``bf16-mixed`` on the device,
   ``rl-gap predict``, ``rl-gap evaluate`` on the device and on the CPU; the metrics logged
   during the fit and the device evaluation must equal the CPU evaluation of the same embeddings.
-- ``bench``: ``scripts/bench_gpu.py`` (fast gSAP vs InfoNCE at B = 4,096 and 16,384, α ∈
+- ``bench``: ``benchmarks/bench_gpu.py`` (fast gSAP vs InfoNCE at B = 4,096 and 16,384, α ∈
   {0, 0.9}; the engine on 60k x 60k, d = 512, vs the bare GEMM).
 - ``micro_batch``: a micro-batched training step vs the full step (skipped, saying so, where
   the base module has no ``micro_batch_size``).

@@ -7,7 +7,7 @@ metrics are checked equal to the one-process run. Per rank: wall seconds and CPU
 seconds (the rank's own work, what sharding divides; wall time falls with it only
 when W x ``--threads`` cores are free), medians over ``--repeat`` runs.
 
-    .venv/bin/python scripts/bench_sharded_eval.py --size 20000 --worlds 1 2
+    .venv/bin/python benchmarks/bench_sharded_eval.py --size 20000 --worlds 1 2
 """
 
 from __future__ import annotations

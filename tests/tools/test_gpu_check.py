@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py and scripts/gpu_wheels.py: the wheel folder check, the no-CUDA exit,
+"""tools/gpu_check.py and tools/gpu_wheels.py: the wheel folder check, the no-CUDA exit,
 and (slow) the whole CPU rehearsal of `make gpu-check`. Wheels here are small stand-ins built
 in a temporary folder (name, version, tags, METADATA), never downloaded."""
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 import gpu_check  # noqa: E402
 import gpu_wheels  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_no_cuda_exits_2_with_one_line_when_the_wheels_are_complete(tmp_path):
     folder = full_folder(tmp_path / "wheels")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--wheels", str(folder),
+        [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--wheels", str(folder),
          "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
@@ -143,7 +143,7 @@ def test_cpu_rehearsal_runs_every_stage(tmp_path):
     folder = full_folder(tmp_path / "wheels")
     out = tmp_path / "out"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu",
+        [sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--device", "cpu",
          "--wheels", str(folder), "--out", str(out)],
         capture_output=True, text=True, timeout=3000,
     )  # fmt: skip

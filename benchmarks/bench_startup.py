@@ -1,8 +1,8 @@
 """Start-up time of ``rl-gap`` commands and imports, with ``python -X importtime`` detail.
 
-    python scripts/bench_startup.py                       # this checkout, 3 runs each
-    python scripts/bench_startup.py --before /work/main   # the same figures for another checkout
-    python scripts/bench_startup.py --importtime "fit --help" --top 15
+    python benchmarks/bench_startup.py                       # this checkout, 3 runs each
+    python benchmarks/bench_startup.py --before /work/main   # the same figures for another checkout
+    python benchmarks/bench_startup.py --importtime "fit --help" --top 15
 
 Each figure is the median wall time of fresh processes (``python -m rl_gap.cli ...``
 or ``python -c "import ..."``). ``--help`` runs three ways: "live" with replay and

@@ -10,9 +10,9 @@
    10 positives × a 10^5 sample, N = 10^8, k = 1000), time and peak memory in a
    child process, as a ratio to scoring the sample; then the same with ``--plot``.
 
-    .venv/bin/python scripts/bench_tail.py
-    .venv/bin/python scripts/bench_tail.py --queries 200 --sample 200000   # quick
-    .venv/bin/python scripts/bench_tail.py --extrapolate   # rl-gap extrapolate, 1000 x 10 x 100k
+    .venv/bin/python benchmarks/bench_tail.py
+    .venv/bin/python benchmarks/bench_tail.py --queries 200 --sample 200000   # quick
+    .venv/bin/python benchmarks/bench_tail.py --extrapolate   # rl-gap extrapolate, 1000 x 10 x 100k
 
 Timings on a shared machine are noisy: compare the ratios within one run.
 """

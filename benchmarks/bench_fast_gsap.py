@@ -1,4 +1,4 @@
-"""Timing of the fast smoothed-AP kernel against an InfoNCE step (``python -m research.bench_fast_gsap``).
+"""Timing of the fast smoothed-AP kernel against an InfoNCE step (``python -m benchmarks.bench_fast_gsap``).
 
 One step = similarity matmul of a square batch (B × d embeddings, 4 samples per
 class) + loss forward + backward to the embeddings. Reported as ratios to the
@@ -65,7 +65,7 @@ def peak_rss_mib(kind: str, batch: int, dim: int, tau: float) -> float:
     """Peak RSS growth (MiB) of one step in a fresh interpreter (Linux: VmHWM reset via clear_refs)."""
     code = (
         "import torch\n"
-        "from research.bench_fast_gsap import make_batch, step\n"
+        "from benchmarks.bench_fast_gsap import make_batch, step\n"
         f"torch.set_num_threads({torch.get_num_threads()})\n"
         f"emb, lab = make_batch({batch}, {dim})\n"
         f"step('{kind}', emb[:8], lab[:8], {tau})\n"

@@ -12,7 +12,7 @@ with a float64 computation of the same loss:
 Also prints the bf16 self-similarity range and how many distinct values the bf16
 matrix keeps. Usage::
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_autocast_precision.py [--batch 128]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_autocast_precision.py [--batch 128]
 """
 
 from __future__ import annotations

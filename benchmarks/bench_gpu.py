@@ -1,7 +1,7 @@
 """GPU benchmark: fast gSAP against InfoNCE, and the metric engine against the bare GEMM.
 
-    python scripts/bench_gpu.py                       # B = 4096, 16384; α = 0, 0.9, 0.95
-    python scripts/bench_gpu.py --batches 4096 --engine-size 20000 --json out.json
+    python benchmarks/bench_gpu.py                       # B = 4096, 16384; α = 0, 0.9, 0.95
+    python benchmarks/bench_gpu.py --batches 4096 --engine-size 20000 --json out.json
 
 Loss steps run as a ``bf16-mixed`` trainer runs them: a linear head under bf16 autocast makes
 the (B, d) embeddings, the module forms the float32 similarity matrix

@@ -10,9 +10,9 @@ extrapolation). Every estimator then predicts mAP@k at N from the sample; the
 table gives, per estimator × world, the error, whether the 95% interval covers
 the truth, and the estimator's time.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py            # 6 worlds, 2M, 5%
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --seeds 0,1,2,3 --cache /tmp/tail
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --pool 400000 --worlds mixture
+    OMP_NUM_THREADS=1 .venv/bin/python research/validate_tail.py            # 6 worlds, 2M, 5%
+    OMP_NUM_THREADS=1 .venv/bin/python research/validate_tail.py --seeds 0,1,2,3 --cache /tmp/tail
+    OMP_NUM_THREADS=1 .venv/bin/python research/validate_tail.py --pool 400000 --worlds mixture
 
 ``--by-count`` splits each hardness estimator's error over the positives by
 their sampled count K_S (0, 1–4, ≥ 5): the groups add up to the error. With
@@ -36,7 +36,7 @@ the samples): which part of an error is bias, and the noise floor of mean
 sample 0 is the one the per-seed tables report and estimators were chosen on.
 With ``--nested-boot`` every sample gets the joint interval.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/validate_tail.py --seeds 0,1 --resamples 4 \
+    OMP_NUM_THREADS=1 .venv/bin/python research/validate_tail.py --seeds 0,1 --resamples 4 \
         --estimators count,evt,loguniform,tail/plugin,tail --cache /tmp/tail
 
 1000 queries by default (about the size of ILIAS or INSTRE): at 200 the

@@ -5,7 +5,7 @@ Times ``wandb.init`` and ``run.finish`` of offline runs (20 logged steps, 20 pri
 console on) against the quiet ones (``console="off", x_disable_stats=True``), alternating,
 in fresh temporary folders. The first run of the process includes wandb's service start.
 
-    python scripts/bench_wandb_settings.py [--repeats 2]
+    python benchmarks/bench_wandb_settings.py [--repeats 2]
 """
 
 from __future__ import annotations

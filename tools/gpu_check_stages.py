@@ -1,4 +1,4 @@
-"""The stages of ``scripts/gpu_check.py``; each runs in its own process, under its own time limit.
+"""The stages of ``tools/gpu_check.py``; each runs in its own process, under its own time limit.
 
 A stage returns ``{"status": "pass" | "fail" | "skip", "detail": one line, ...figures}``.
 ``sizes`` comes from ``gpu_check.SIZES`` (the GPU sizes, or the CPU rehearsal's small ones).
@@ -212,9 +212,9 @@ def stage_recipe(name: str, device: str, out: Path, sizes: dict) -> dict:
 
 # --------------------------------------------------------------------------- bench
 def stage_bench(device: str, out: Path, sizes: dict) -> dict:
-    """``scripts/bench_gpu.py`` at the stage's sizes; its rows and ratios."""
+    """``benchmarks/bench_gpu.py`` at the stage's sizes; its rows and ratios."""
     rows_file = out / "bench_gpu.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--device", device]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--device", device]
     cmd += [*sizes["bench"], "--json", str(rows_file)]
     run_logged(cmd, out / "bench_gpu.log")
     rows = json.loads(rows_file.read_text())

@@ -1,13 +1,13 @@
 """The wheels a bare GPU machine lacks: download them here, check them, install them there.
 
-    python scripts/gpu_wheels.py download        # `make gpu-wheels`: fill .wheels/
-    python scripts/gpu_wheels.py check           # is .wheels/ complete? (one line, exit 0/1)
+    python tools/gpu_wheels.py download        # `make gpu-wheels`: fill .wheels/
+    python tools/gpu_wheels.py check           # is .wheels/ complete? (one line, exit 0/1)
 
-The list is ``scripts/gpu_wheels.txt`` (``name==version``, the pins of constraints.txt). A wheel
+The list is ``tools/gpu_wheels.txt`` (``name==version``, the pins of constraints.txt). A wheel
 folder is complete when it holds, for every pin, one wheel of that name and version that
 CPython 3.12 on manylinux x86-64 can install (a ``py3-none-any``, ``cp312-cp312-manylinux*``
 or ``abi3`` wheel) and that is a readable zip whose ``METADATA`` names the same version, and
-when the folder stays under the size limit. ``scripts/gpu_check.py`` installs the wheels of
+when the folder stays under the size limit. ``tools/gpu_check.py`` installs the wheels of
 the packages the machine lacks with ``pip install --no-index --no-deps --target <tmp>``.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MANIFEST = ROOT / "scripts" / "gpu_wheels.txt"
+MANIFEST = ROOT / "tools" / "gpu_wheels.txt"
 WHEEL_DIR = ROOT / ".wheels"
 SIZE_LIMIT_MIB = 60.0
 # The GPU machine's interpreter: what `make gpu-wheels` downloads for.

@@ -24,14 +24,14 @@ processes far more than between two consecutive steps of one process.
 ``best_x`` is the ratio of the two best steps (load only adds time).
 
 Examples:
-    python scripts/bench_losses.py                                  # B 256..2048
-    python scripts/bench_losses.py --batch-sizes 512 1024 2048 4096 \\
+    python benchmarks/bench_losses.py                                  # B 256..2048
+    python benchmarks/bench_losses.py --batch-sizes 512 1024 2048 4096 \\
         --temperatures 1e-4 1e-3 1e-2 1e-1 --losses gsap msap infonce --impls exact fast
     # the other AP surrogates, per-query and global (docs/losses.md):
-    python scripts/bench_losses.py --batch-sizes 1024 2048 --losses infonce softbin \
+    python benchmarks/bench_losses.py --batch-sizes 1024 2048 --losses infonce softbin \
         gsoftbin blackbox gblackbox supap gsupap
     # fast gSAP with negative dropping (the table in docs/fast_gsap.md):
-    python scripts/bench_losses.py --batch-sizes 2048 4096 --losses gsap infonce \\
+    python benchmarks/bench_losses.py --batch-sizes 2048 4096 --losses gsap infonce \\
         --impls fast --neg-drop 0 0.5 0.9 0.95 0.99 --paired --reps 3
 """
 

@@ -15,7 +15,7 @@ with mSAP at each temperature. Per update it records, on the batch itself
 
 Writes ``<out>/overfit_analysis.csv`` and ``.png`` (``overfit_analysis_sgd.*`` with SGD).
 
-    python scripts/overfit_analysis.py --out scripts/out
+    python research/overfit_analysis.py --out runs/overfit_analysis
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--taus", type=float, nargs="+", default=list(TAUS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("scripts/out"))
+    parser.add_argument("--out", type=Path, default=Path("runs/overfit_analysis"))
     args = parser.parse_args(argv)
     if args.batch < 2 or args.steps < 1:
         raise ValueError("need --batch >= 2 and --steps >= 1")

@@ -31,7 +31,7 @@ With W = 4 on a machine with fewer than 4 cores the processes share cores:
 per-rank times then include waiting for a core (the script says so).
 
 Example (the table in docs/distributed.md):
-    python scripts/bench_sharded_loss.py --batch-sizes 2048 4096 --worlds 1 2 4 \\
+    python benchmarks/bench_sharded_loss.py --batch-sizes 2048 4096 --worlds 1 2 4 \\
         --neg-drop 0 0.9 --reps 3
 """
 

@@ -1,8 +1,8 @@
-"""The package's import graph has no circle and no arrow up (``research/import_graph.py``)."""
+"""The package's import graph has no circle and no arrow up (``tools/import_graph.py``)."""
 
 import itertools
 
-from research.import_graph import main, strongly_connected
+from tools.import_graph import main, strongly_connected
 
 
 def _brute_force_cycles(graph):

@@ -2,8 +2,8 @@
 
 Reads the package with ``ast`` only (nothing is imported), so it runs on any checkout:
 
-    python research/import_graph.py            # this tree's rl_gap/
-    python research/import_graph.py --root /path/to/checkout
+    python tools/import_graph.py            # this tree's rl_gap/
+    python tools/import_graph.py --root /path/to/checkout
 
 A room is a subpackage of ``rl_gap`` (``rl_gap/metrics/tail/`` is the room ``metrics.tail``)
 or a root module (``rl_gap/optim.py`` is ``optim``). An arrow ``a -> b`` is a room importing

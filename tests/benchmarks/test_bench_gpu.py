@@ -1,4 +1,4 @@
-"""scripts/bench_gpu.py: a clear message and exit status 2 without CUDA; its table on the CPU."""
+"""benchmarks/bench_gpu.py: a clear message and exit status 2 without CUDA; its table on the CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_gpu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
 
 
 def run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -14,8 +14,8 @@ Printed as a table and as ratios to the full-batch step. Expectation: the step's
 falls roughly as M/B (activations of one micro-batch alive at a time; the embeddings and
 the loss stay global) and the time rises by about one extra forward pass (~1.3x).
 
-    python scripts/bench_micro_batch.py                      # CPU, B=64
-    python scripts/bench_micro_batch.py --device cuda --batch 512 --img 64 --depth 6
+    python benchmarks/bench_micro_batch.py                      # CPU, B=64
+    python benchmarks/bench_micro_batch.py --device cuda --batch 512 --img 64 --depth 6
 """
 
 from __future__ import annotations
