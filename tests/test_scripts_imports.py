@@ -80,7 +80,11 @@ def test_unresolved_tells_a_stale_import_from_a_live_one():
 
 def test_the_scanned_folders_hold_files():
     names = {p.relative_to(ROOT).as_posix() for p in FILES}
-    assert {"benchmarks/bench_sharded_loss.py", "research/tail_study.py", "tools/import_graph.py"} <= names
+    assert {
+        "benchmarks/bench_sharded_loss.py",
+        "research/tail_study.py",
+        "tools/import_graph.py",
+    } <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
