@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	# torch first, on its own: pip takes these two from the local wheel cache.
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,tune]'
-	# `rl-gap fit --help` without importing torch (rl_gap/help_spec.py); live if this fails.
+	# `rl-gap fit --help` without importing torch (rl_gap/help_spec/); live if this fails.
 	$(PY) -m rl_gap.help_spec || echo "help spec not recorded: training --help stays live"
 	touch $(STAMP)
 

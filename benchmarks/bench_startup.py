@@ -9,7 +9,7 @@ or ``python -c "import ..."``). ``--help`` runs three ways: "live" with replay a
 cache off (``RL_GAP_HELP_CACHE=0``: every import paid), "fresh install" with the
 help spec that the install records (:mod:`rl_gap.help_spec`, built here once before
 the runs) and an empty help cache, and "repeat" with the cache written by the previous
-call (:mod:`rl_gap.help_cache`). The last column divides "fresh install" by
+call (:mod:`rl_gap.help_spec.pages`). The last column divides "fresh install" by
 ``import torch`` measured in the same run, which makes figures from a loaded
 machine comparable. "rl_gap.losses beyond torch" is the cumulative
 ``-X importtime`` of ``rl_gap.losses`` imported after ``torch`` (what the package
@@ -46,7 +46,7 @@ def _env(checkout: Path, cache: str | None, spec: str | None = None) -> dict[str
     if cache is None:
         env["RL_GAP_HELP_CACHE"] = "0"
     else:
-        env["RL_GAP_CACHE_DIR"] = cache
+        env["RL_GAP_CACHE"] = cache
         env.pop("RL_GAP_HELP_CACHE", None)
     if spec is not None:
         env["RL_GAP_HELP_SPEC"] = spec

@@ -7,7 +7,7 @@ linear-probe|knn ...`` are plain sub-commands from ``rl_gap.commands``.
 Start-up: this module imports nothing heavy; a command imports what it uses.
 ``rl-gap <command> --help`` is replayed from a recorded spec of the command's
 parser (:mod:`rl_gap.help_spec`) without importing torch or Lightning; any other
-``--help`` line is printed from a cache once it has been built (:mod:`rl_gap.help_cache`).
+``--help`` line is printed from a cache once it has been built (:mod:`rl_gap.help_spec.pages`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
     """The help cache around a ``--help`` command line; nothing for any other."""
     if not any(word in ("-h", "--help") for word in words):
         return contextlib.nullcontext()
-    from rl_gap.help_cache import cached_help as cache
+    from rl_gap.help_spec.pages import cached_help as cache
 
     return cache(words)
 

@@ -22,8 +22,9 @@ its key matches; the key covers every input of the text:
 
 A spec whose key differs is stale: the live help runs and writes a new spec.
 The spec lives in the package folder (``rl_gap/help_spec.json``), or, where that is
-not writable, in the help cache folder; ``RL_GAP_HELP_SPEC`` names another file and
-``RL_GAP_HELP_CACHE=0`` turns replay off.
+not writable, in the help cache folder (:mod:`rl_gap.help_spec.pages`, which also keeps
+the other ``--help`` lines as printed text); ``RL_GAP_HELP_SPEC`` names another file and
+``RL_GAP_HELP_CACHE=0`` turns replay, recording and the pages off.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rl_gap.help_spec import pages
+
 COMMANDS = ("fit", "validate", "test", "predict")
 FORMAT = 1
 SPEC_NAME = "help_spec.json"
@@ -52,9 +55,7 @@ def spec_paths() -> list[Path]:
     """Where a spec is read from, first match wins (and written to, first writable)."""
     if os.environ.get("RL_GAP_HELP_SPEC"):
         return [Path(os.environ["RL_GAP_HELP_SPEC"])]
-    from rl_gap.help_cache import cache_dir
-
-    return [PACKAGE_DIR / SPEC_NAME, cache_dir() / SPEC_NAME]
+    return [PACKAGE_DIR / SPEC_NAME, pages.cache_dir() / SPEC_NAME]
 
 
 def _package_files(root: Path) -> list[Path]:
@@ -175,9 +176,7 @@ def load_valid_spec() -> dict[str, Any] | None:
     return None
 
 
-def enabled() -> bool:
-    """Replay and recording are on unless ``RL_GAP_HELP_CACHE=0``."""
-    return os.environ.get("RL_GAP_HELP_CACHE") != "0"
+enabled = pages.enabled  # one switch for the record's replay/recording and the pages
 
 
 def print_help(command: str) -> bool:

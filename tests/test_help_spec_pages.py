@@ -7,12 +7,12 @@ import os
 import pytest
 
 from rl_gap.cli import main
-from rl_gap.help_cache import cache_dir, help_key
+from rl_gap.help_spec.pages import cache_dir, help_key
 
 
 @pytest.fixture
 def help_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("RL_GAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RL_GAP_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RL_GAP_HELP_CACHE", raising=False)
     return tmp_path / "cache" / "help"
 
@@ -56,7 +56,7 @@ def test_key_follows_named_files_sources_and_width(tmp_path, monkeypatch):
 
 
 def test_switch_off_and_location(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("RL_GAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("RL_GAP_CACHE", str(tmp_path))
     monkeypatch.setenv("RL_GAP_HELP_CACHE", "0")
     assert cache_dir() == tmp_path / "help"
     _help(["knn", "--help"], capsys)

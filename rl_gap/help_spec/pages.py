@@ -1,4 +1,7 @@
-"""``rl-gap ... --help`` printed from a cache of its last output.
+"""``rl-gap ... --help`` lines the help record does not hold, printed from their last output.
+
+The record (:mod:`rl_gap.help_spec`) replays ``rl-gap <command> --help``; any other help line
+(a recipe or option before ``--help``) is kept here as the text it printed.
 
 Building LightningCLI's help imports torch, Lightning (which imports
 torchmetrics, torchvision and ``torch._dynamo``) and every module class: many
@@ -9,8 +12,9 @@ the Python and library versions, and the size and modification time of every
 ``rl_gap`` source file and of any file named on the command line (a recipe),
 so an edit or an upgrade rebuilds it.
 
-The cache lives in ``$RL_GAP_CACHE_DIR/help`` (default ``~/.cache/rl_gap/help``,
-or under ``$XDG_CACHE_HOME``); ``RL_GAP_HELP_CACHE=0`` turns it off.
+The pages live in ``<cache>/help`` where ``<cache>`` is rl_gap's one cache folder
+(``$RL_GAP_CACHE``, else ``$XDG_CACHE_HOME/rl_gap`` or ``~/.cache/rl_gap``, as for the built
+native helpers); ``RL_GAP_HELP_CACHE=0`` turns them off, with the replay of the record.
 """
 
 from __future__ import annotations
@@ -26,16 +30,20 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+from rl_gap import native_build
+
 HELP_FLAGS = ("-h", "--help")
 LIBRARIES = ("lightning", "jsonargparse", "torch", "timm", "open_clip_torch", "torchmetrics")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("RL_GAP_CACHE_DIR")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "rl_gap")
-    return Path(root) / "help"
+    """``<rl_gap's cache folder>/help``."""
+    return native_build.cache_dir() / "help"
+
+
+def enabled() -> bool:
+    """Pages (and the record's replay) are on unless ``RL_GAP_HELP_CACHE=0``."""
+    return os.environ.get("RL_GAP_HELP_CACHE") != "0"
 
 
 def _library_version(name: str) -> str:
@@ -60,7 +68,7 @@ def help_key(words: list[str]) -> str:
     digest.update(json.dumps([words, sys.version, sys.executable]).encode())
     digest.update(str(shutil.get_terminal_size().columns).encode())
     digest.update(" ".join(_library_version(name) for name in LIBRARIES).encode())
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # rl_gap/
     for path in [*sorted(package.rglob("*.py")), *_named_files(words)]:
         stat = path.stat()
         digest.update(f"{path.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode())
@@ -84,7 +92,7 @@ class _Tee(io.TextIOBase):
 def cached_help(words: list[str]) -> Iterator[None]:
     """Around a command's run: for a ``--help`` command line, print the cached text and exit
     0 when there is one; otherwise run it and store what it printed if it exited cleanly."""
-    if not any(w in HELP_FLAGS for w in words) or os.environ.get("RL_GAP_HELP_CACHE") == "0":
+    if not any(w in HELP_FLAGS for w in words) or not enabled():
         yield
         return
     path = cache_dir() / f"{help_key(words)}.txt"
