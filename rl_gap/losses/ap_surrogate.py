@@ -24,18 +24,15 @@ import math
 from typing import ClassVar
 
 import torch
-from torch import nn
 
+from rl_gap.losses.base import RankingLoss
 from rl_gap.losses.common import (
-    check_batch,
     check_neg_drop,
     compute_dtype,
     drop_lowest_negatives,
-    full_precision,
-    zero_loss,
 )
-from rl_gap.losses.sharding.call import agree, sharded_forward, symmetric_not_sharded
-from rl_gap.losses.sharding.rows import kept_flat, no_positive, row_mean
+from rl_gap.losses.sharding.call import agree, symmetric_not_sharded
+from rl_gap.losses.sharding.rows import kept_flat, row_mean
 
 
 def check_chunk_size(chunk_size: int | None) -> int | None:
@@ -80,7 +77,7 @@ def pessimistic_ranks(scores: torch.Tensor, member: torch.Tensor) -> torch.Tenso
     return ranks.masked_fill_(~member, 0)
 
 
-class APSurrogateLoss(nn.Module, abc.ABC):
+class APSurrogateLoss(RankingLoss, abc.ABC):
     """``1 − surrogate AP``, per query (mean over rows) or global (one flattened list).
 
     Subclasses set ``global_ranking`` and implement :meth:`list_ap`. Inputs
@@ -139,20 +136,7 @@ class APSurrogateLoss(nn.Module, abc.ABC):
         scores, rel, valid = sim[has_pos], rel[has_pos], valid[has_pos]
         return self.list_ap(scores, rel & valid, valid).mean()
 
-    @full_precision
-    def forward(
-        self,
-        sim: torch.Tensor,
-        rel: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        sharded: bool = False,
-    ) -> torch.Tensor:
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
-        if not bool((rel & valid).any()):
-            return zero_loss(sim, self, "batch has no valid positive pair")
+    def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         sim = sim.to(compute_dtype(sim.dtype))
         self.check_scores(sim, valid)
         if self.global_ranking:
@@ -178,12 +162,10 @@ class APSurrogateLoss(nn.Module, abc.ABC):
             return f"{type(self).__name__} has no sharded global ranking"
         return None
 
-    def forward_sharded(
+    def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """Per query: row partial sums; global: the family's :meth:`sharded_list_ap`."""
-        if no_positive(rel, valid):
-            return zero_loss(sim, self, "batch has no valid positive pair")
         sim = sim.to(compute_dtype(sim.dtype))
         agree(lambda: self.check_scores(sim, valid), sim.device)
         if self.global_ranking:

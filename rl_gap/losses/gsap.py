@@ -12,23 +12,21 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from rl_gap import dist as shard_comm
+from rl_gap.losses.base import NO_POSITIVE, RankingLoss
 from rl_gap.losses.common import (
-    check_batch,
     check_neg_drop,
     check_temperature,
     compute_dtype,
     drop_lowest_negatives,
-    full_precision,
     num_dropped,
     zero_loss,
 )
 from rl_gap.losses.fast_sap import kernel as fast_sap_kernel
+from rl_gap.losses.fast_sap.grid import PlanError
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.sharding import gsap as sharded_gsap
-from rl_gap.losses.sharding.call import sharded_forward
 from rl_gap.losses.sharding.rows import kept_flat
 from rl_gap.losses.smoothed_ap import smoothed_ap_exact
 
@@ -37,14 +35,10 @@ IMPLS = ("auto", "exact", "fast")
 MIN_TOLERANCE = 1e-13
 
 
-def _fast_module():
-    """The fast kernel module, :mod:`rl_gap.losses.fast_sap.kernel` (one hook for tests)."""
-    return fast_sap_kernel
-
-
 def load_fast_kernel() -> Callable[..., torch.Tensor] | None:
-    """``rl_gap.losses.fast_sap.kernel.smoothed_ap_fast`` (None only where a test removed it)."""
-    return getattr(_fast_module(), "smoothed_ap_fast", None)
+    """``rl_gap.losses.fast_sap.kernel.smoothed_ap_fast``, read at call time (None where it
+    is missing: ``impl="fast"`` is then refused and ``"auto"`` keeps the exact sweep)."""
+    return getattr(fast_sap_kernel, "smoothed_ap_fast", None)
 
 
 def check_tolerance(tolerance: float) -> float:
@@ -62,7 +56,7 @@ def check_tolerance(tolerance: float) -> float:
 
 
 @register_loss("gsap")
-class GlobalSmoothAPLoss(nn.Module):
+class GlobalSmoothAPLoss(RankingLoss):
     """gSAP loss: ``1 − SAP`` over the flattened valid pairs of ``sim``.
 
     Args:
@@ -87,8 +81,12 @@ class GlobalSmoothAPLoss(nn.Module):
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss (float32 for
     half-precision inputs, else ``sim.dtype``). ``sharded=True``: the rows are
-    sharded over a process group (:meth:`forward_sharded`).
+    sharded over a process group (:meth:`_loss_sharded`).
     """
+
+    # The kernel choice counts the positives anyway (all-reduced with the valid pairs when
+    # sharded): the empty batch is caught there, in one collective.
+    needs_positive = False
 
     def __init__(
         self,
@@ -132,103 +130,106 @@ class GlobalSmoothAPLoss(nn.Module):
         """Which kernel ranks a list with ``num_pos`` positives among ``num_items`` items."""
         if self.impl != "auto":
             return self.impl
-        fast_rank = _fast_module()
-        if fast_rank is not None and fast_rank.prefer_fast(
+        if load_fast_kernel() is not None and fast_sap_kernel.prefer_fast(
             num_pos, num_items, self.temperature, device=device
         ):
             return "fast"
         return "exact"
 
-    @full_precision
-    def forward(
+    def _one_minus_sap(
         self,
         sim: torch.Tensor,
-        rel: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        sharded: bool = False,
+        counts: tuple[int, int],
+        device: torch.device | None,
+        fast: Callable[[], torch.Tensor],
+        exact: Callable[[], torch.Tensor],
     ) -> torch.Tensor:
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
-        # count_nonzero, not .sum(): a bool sum first widens the whole mask to int64.
-        num_pos = int(torch.count_nonzero(rel & valid))
+        """``1 − SAP`` by the kernel these counts call for: the one place the kernel is chosen.
+
+        Args:
+            sim: the checked similarities (for the zero loss of a batch without positives).
+            counts: ``(positives, valid pairs)`` of the whole list (every rank's, sharded).
+            device: where the list lives, for :func:`prefer_fast` (None: not consulted).
+            fast, exact: the list's SAP by the fast kernel and by the exact sweep.
+
+        ``impl="auto"`` falls back to ``exact`` (one warning) when the fast kernel finds no
+        plan; ``impl="fast"`` lets its ``PlanError`` through.
+        """
+        num_pos, num_valid = counts
         if num_pos == 0:
-            return zero_loss(sim, self, "batch has no valid positive pair")
+            return zero_loss(sim, self, NO_POSITIVE)
         impl = self.impl
         if impl == "auto":
-            num_valid = int(torch.count_nonzero(valid))
             num_kept = num_valid - num_dropped(num_valid - num_pos, self.neg_drop)
-            impl = self.select_impl(num_pos, num_kept, sim.device)
+            impl = self.select_impl(num_pos, num_kept, device)
         if impl == "fast":
-            fast_rank = _fast_module()
-            # The fast kernel skips invalid (and dropped) items itself: no (M,) copy of sim[valid].
-            extra = {"neg_drop": self.neg_drop} if self.neg_drop > 0 else {}
             try:
-                sap = fast_rank.smoothed_ap_fast(
-                    sim.reshape(-1),
-                    rel.reshape(-1),
-                    self.temperature,
-                    tolerance=self.tolerance,
-                    valid=valid.reshape(-1),
-                    **extra,
-                )
-                return 1.0 - sap
-            except getattr(fast_rank, "PlanError", ()) as error:
+                return 1.0 - fast()
+            except PlanError as error:
                 if self.impl == "fast":
                     raise
                 self._warn_fallback(error)
-        scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
-        positive = rel[valid]
-        if self.neg_drop > 0:
-            keep = drop_lowest_negatives(
-                scores.unsqueeze(0),
-                positive.unsqueeze(0),
-                torch.ones_like(positive)[None],
-                self.neg_drop,
-            )[0]
-            scores, positive = scores[keep], positive[keep]
-        sap = smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
-        return 1.0 - sap
+        return 1.0 - exact()
 
-    def forward_sharded(
+    def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        # count_nonzero, not .sum(): a bool sum first widens the whole mask to int64.
+        counts = (int(torch.count_nonzero(rel & valid)), int(torch.count_nonzero(valid)))
+
+        def fast() -> torch.Tensor:
+            # The fast kernel skips invalid (and dropped) items itself: no (M,) copy of sim[valid].
+            extra = {"neg_drop": self.neg_drop} if self.neg_drop > 0 else {}
+            return fast_sap_kernel.smoothed_ap_fast(
+                sim.reshape(-1),
+                rel.reshape(-1),
+                self.temperature,
+                tolerance=self.tolerance,
+                valid=valid.reshape(-1),
+                **extra,
+            )
+
+        def exact() -> torch.Tensor:
+            scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
+            positive = rel[valid]
+            if self.neg_drop > 0:
+                keep = drop_lowest_negatives(
+                    scores.unsqueeze(0),
+                    positive.unsqueeze(0),
+                    torch.ones_like(positive)[None],
+                    self.neg_drop,
+                )[0]
+                scores, positive = scores[keep], positive[keep]
+            return smoothed_ap_exact(scores, positive, self.temperature, self.chunk_size)
+
+        return self._one_minus_sap(sim, counts, sim.device, fast, exact)
+
+    def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """The loss of the global list from this rank's rows (``rl_gap.losses.sharding.gsap``).
 
         The fast kernel all-reduces its grid moments (O(G) per step); the exact
-        sweep all-gathers the positives (O(P)). The kernel choice and the
-        fallback follow :meth:`forward`, from the global counts.
+        sweep all-gathers the positives (O(P)). The kernel is chosen as in :meth:`_loss`,
+        from the global counts.
         """
-        counts = torch.tensor(
-            [int(torch.count_nonzero(rel & valid)), int(torch.count_nonzero(valid))],
-            dtype=torch.int64,
-            device=sim.device,
-        )
+        local = [int(torch.count_nonzero(rel & valid)), int(torch.count_nonzero(valid))]
+        counts = torch.tensor(local, dtype=torch.int64, device=sim.device)
         num_pos, num_valid = (int(c) for c in shard_comm.all_reduce(counts))
-        if num_pos == 0:
-            return zero_loss(sim, self, "batch has no valid positive pair")
-        impl = self.impl
-        if impl == "auto":
-            num_kept = num_valid - num_dropped(num_valid - num_pos, self.neg_drop)
-            impl = self.select_impl(num_pos, num_kept)
-        if impl == "fast":
-            try:
-                sap = sharded_gsap.sharded_smoothed_ap_fast(
-                    sim.reshape(-1),
-                    rel.reshape(-1),
-                    self.temperature,
-                    tolerance=self.tolerance,
-                    valid=valid.reshape(-1),
-                    neg_drop=self.neg_drop,
-                )
-                return 1.0 - sap
-            except fast_sap_kernel.PlanError as error:
-                if self.impl == "fast":
-                    raise
-                self._warn_fallback(error)
-        scores, positive = kept_flat(sim, rel, valid, self.neg_drop)
-        scores = scores.to(compute_dtype(sim.dtype))
-        return 1.0 - sharded_gsap.sharded_smoothed_ap_exact(
-            scores, positive, self.temperature, self.chunk_size
-        )
+
+        def fast() -> torch.Tensor:
+            return sharded_gsap.sharded_smoothed_ap_fast(
+                sim.reshape(-1),
+                rel.reshape(-1),
+                self.temperature,
+                tolerance=self.tolerance,
+                valid=valid.reshape(-1),
+                neg_drop=self.neg_drop,
+            )
+
+        def exact() -> torch.Tensor:
+            scores, positive = kept_flat(sim, rel, valid, self.neg_drop)
+            scores = scores.to(compute_dtype(sim.dtype))
+            return sharded_gsap.sharded_smoothed_ap_exact(
+                scores, positive, self.temperature, self.chunk_size
+            )
+
+        return self._one_minus_sap(sim, (num_pos, num_valid), None, fast, exact)

@@ -14,16 +14,13 @@ import torch
 from torch import nn
 
 from rl_gap import dist as shard_comm
+from rl_gap.losses.base import RankingLoss
 from rl_gap.losses.common import (
-    check_batch,
     check_temperature,
     compute_dtype,
-    full_precision,
-    zero_loss,
 )
 from rl_gap.losses.registry import register_loss
-from rl_gap.losses.sharding.call import sharded_forward
-from rl_gap.losses.sharding.rows import mean_over_ranks, no_positive
+from rl_gap.losses.sharding.rows import mean_over_ranks
 
 
 def multi_positive_infonce_rows(
@@ -84,7 +81,7 @@ def infonce_column_partial(
 
 
 @register_loss("infonce")
-class InfoNCELoss(nn.Module):
+class InfoNCELoss(RankingLoss):
     """InfoNCE with a fixed temperature or a learnable CLIP-style logit scale.
 
     Args:
@@ -144,20 +141,7 @@ class InfoNCELoss(nn.Module):
         )
         return {"logit_scale": scale, "temperature": 1.0 / scale}
 
-    @full_precision
-    def forward(
-        self,
-        sim: torch.Tensor,
-        rel: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        sharded: bool = False,
-    ) -> torch.Tensor:
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
-        if not bool((rel & valid).any()):
-            return zero_loss(sim, self, "batch has no valid positive pair")
+    def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         scale = self.logit_scale()
         logits = sim.to(compute_dtype(sim.dtype)) * scale
         loss = multi_positive_infonce_rows(logits, rel, valid)
@@ -165,12 +149,10 @@ class InfoNCELoss(nn.Module):
             loss = 0.5 * (loss + multi_positive_infonce_rows(logits.T, rel.T, valid.T))
         return loss
 
-    def forward_sharded(
+    def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """Rows: partial sums (scalars); columns: an all-reduced (M,) log-sum-exp."""
-        if no_positive(rel, valid):
-            return zero_loss(sim, self, "batch has no valid positive pair")
         logits = sim.to(compute_dtype(sim.dtype)) * self.logit_scale()
         row_sum, local_rows = infonce_row_partial(logits, rel, valid)
         loss = mean_over_ranks(row_sum, shard_comm.global_count(local_rows, sim.device))

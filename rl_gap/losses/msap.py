@@ -8,19 +8,16 @@ also ranks every column and averages the two directions.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from rl_gap.losses.base import RankingLoss
 from rl_gap.losses.common import (
-    check_batch,
     check_neg_drop,
     check_temperature,
     drop_lowest_negatives,
-    full_precision,
-    zero_loss,
 )
 from rl_gap.losses.registry import register_loss
-from rl_gap.losses.sharding.call import sharded_forward, symmetric_not_sharded
-from rl_gap.losses.sharding.rows import no_positive, row_mean
+from rl_gap.losses.sharding.call import symmetric_not_sharded
+from rl_gap.losses.sharding.rows import row_mean
 from rl_gap.losses.smoothed_ap import smoothed_ap_rows
 
 
@@ -44,7 +41,7 @@ def mean_row_smoothed_ap(
 
 
 @register_loss("msap")
-class MeanSmoothAPLoss(nn.Module):
+class MeanSmoothAPLoss(RankingLoss):
     """mSAP loss: ``1 − mean_{rows with a positive} SAP(row)``.
 
     Args:
@@ -80,20 +77,7 @@ class MeanSmoothAPLoss(nn.Module):
             f"temperature={self.temperature}, neg_drop={self.neg_drop}, symmetric={self.symmetric}"
         )
 
-    @full_precision
-    def forward(
-        self,
-        sim: torch.Tensor,
-        rel: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        sharded: bool = False,
-    ) -> torch.Tensor:
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
-        if not bool((rel & valid).any()):
-            return zero_loss(sim, self, "batch has no valid positive pair")
+    def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         args = (self.temperature, self.neg_drop, self.chunk_size)
         sap = mean_row_smoothed_ap(sim, rel, valid, *args)
         if self.symmetric:
@@ -106,12 +90,10 @@ class MeanSmoothAPLoss(nn.Module):
             return symmetric_not_sharded(self)
         return None
 
-    def forward_sharded(
+    def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """Each row is complete on its rank: the row sums and row count are all-reduced."""
-        if no_positive(rel, valid):
-            return zero_loss(sim, self, "batch has no valid positive pair")
 
         def per_rows(s, r, v, has_pos):
             return smoothed_ap_rows(s, r, v, self.temperature, self.chunk_size)[has_pos]

@@ -10,13 +10,13 @@ swapping ``name`` alone swaps the loss *and* its hyperparameters (the new
 loss's table, else its defaults — never another loss's values); flat keys
 (command-line overrides) apply to the chosen loss and win.
 
-A loss states its own call contract where it is defined: its ``forward(sim,
-rel, valid=None, *, sharded=False)`` ranks in full precision (``@full_precision``
-from :mod:`rl_gap.precision`: float32 or float64 with autocast off, even inside a
-``bf16-mixed`` step) and, when it can be sharded, hands ``sharded=True`` to
-:func:`rl_gap.losses.sharding.call.sharded_forward`, which runs the class's own
-``forward_sharded`` (docs/losses.md, "Add a loss"). Registration only gives a
-``forward`` that does not declare the precision contract that wrapper.
+A loss states its own call contract where it is defined: the built-in losses derive from
+:class:`rl_gap.losses.base.RankingLoss`, whose one template ``forward(sim, rel, valid=None,
+*, sharded=False)`` ranks in full precision (``@full_precision`` from
+:mod:`rl_gap.precision`: float32 or float64 with autocast off, even inside a ``bf16-mixed``
+step), checks the inputs, and hands ``sharded=True`` to the class's own ``_loss_sharded``
+(docs/losses.md, "Add a loss"). Registration never edits a class: a loss whose ``forward``
+does not declare the precision contract is registered as a subclass that adds it.
 """
 
 from __future__ import annotations
@@ -38,22 +38,43 @@ T = TypeVar("T", bound=type[nn.Module])
 def register_loss(name: str) -> Callable[[T], T]:
     """Class decorator adding a loss to the registry under ``name`` (lower case).
 
-    A ``forward`` not decorated with ``full_precision`` is wrapped by it here
-    (autocast off, half-precision ``sim`` widened to float32), so any
-    registered loss ranks in full precision; the built-in losses decorate
-    their own ``forward``, which is left as written.
+    The decorated class is returned unchanged. When its ``forward`` is not decorated with
+    ``full_precision`` (a loss written outside the package), the registry holds a subclass of
+    the same name whose ``forward`` is (autocast off, half-precision ``sim`` widened to
+    float32), so any registered loss ranks in full precision; ``RankingLoss`` subclasses
+    declare it already and are registered as written.
     """
     key = name.lower()
 
     def decorator(cls: T) -> T:
-        if key in _LOSSES and _LOSSES[key] is not cls:
-            raise ValueError(f"loss name {key!r} is already registered by {_LOSSES[key].__name__}")
-        if not getattr(cls.forward, "__rl_gap_full_precision__", False):
-            cls.forward = full_precision(cls.forward)  # type: ignore[method-assign]
-        _LOSSES[key] = cls
+        held = _LOSSES.get(key)
+        if held is not None and held is not cls and _declared_by(held) is not cls:
+            raise ValueError(f"loss name {key!r} is already registered by {held.__name__}")
+        _LOSSES[key] = cls if _full_precision(cls) else _with_full_precision(cls)
         return cls
 
     return decorator
+
+
+def _full_precision(cls: type) -> bool:
+    return bool(getattr(cls.forward, "__rl_gap_full_precision__", False))
+
+
+def _with_full_precision(cls: T) -> T:
+    """A subclass of ``cls`` (same name and module) whose ``forward`` ranks in full precision."""
+    namespace = {
+        "forward": full_precision(cls.forward),
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+        "__rl_gap_declared_by__": cls,
+    }
+    return type(cls.__name__, (cls,), namespace)  # type: ignore[return-value]
+
+
+def _declared_by(held: type) -> type:
+    """The class a registered entry was declared as (itself, or what it subclasses)."""
+    return held.__dict__.get("__rl_gap_declared_by__", held)
 
 
 def available_losses() -> list[str]:

@@ -30,9 +30,10 @@ import math
 import torch
 
 from rl_gap import dist as shard_comm
-from rl_gap.losses.common import check_batch, compute_dtype, full_precision
+from rl_gap.losses.base import NO_POSITIVE
+from rl_gap.losses.common import check_batch, compute_dtype, zero_loss
 from rl_gap.losses.registry import register_loss
-from rl_gap.losses.sharding.call import sharded_forward
+from rl_gap.losses.sharding.rows import no_positive
 from rl_gap.losses.supap import GlobalSupAPLoss, SupAPLoss
 
 
@@ -90,27 +91,25 @@ class _RoadmapMixin:
         self.neg_margin = float(neg_margin)
         self.calibration_weight = float(weight)
 
-    @full_precision
-    def forward(
-        self,
-        sim: torch.Tensor,
-        rel: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        sharded: bool = False,
-    ) -> torch.Tensor:
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
-        ap_term = super().forward(sim, rel, valid)  # type: ignore[misc]
+    # The calibration term trains on negatives too: a positive-free batch still has one.
+    needs_positive = False
+
+    def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        if bool((rel & valid).any()):
+            ap_term = super()._loss(sim, rel, valid)  # type: ignore[misc]
+        else:
+            ap_term = zero_loss(sim, self, NO_POSITIVE)  # type: ignore[arg-type]
         calib = calibration_loss(sim, rel, valid, self.pos_margin, self.neg_margin)
         return ap_term + self.calibration_weight * calib.to(ap_term.dtype)
 
-    def forward_sharded(
+    def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """The SupAP term sharded, plus the calibration term's two global non-zero means."""
-        ap_term = super().forward_sharded(sim, rel, valid)  # type: ignore[misc]
+        if no_positive(rel, valid):
+            ap_term = zero_loss(sim, self, NO_POSITIVE)  # type: ignore[arg-type]
+        else:
+            ap_term = super()._loss_sharded(sim, rel, valid)  # type: ignore[misc]
         s = sim.to(compute_dtype(sim.dtype))
         positive, negative = rel & valid, ~rel & valid
         calib = s.sum() * 0.0

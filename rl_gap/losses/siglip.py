@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rl_gap import dist as shard_comm
-from rl_gap.losses.common import check_batch, compute_dtype, full_precision
+from rl_gap.losses.base import RankingLoss
+from rl_gap.losses.common import compute_dtype
 from rl_gap.losses.registry import register_loss
-from rl_gap.losses.sharding.call import sharded_forward
 from rl_gap.losses.sharding.rows import mean_over_ranks
 
 
@@ -36,7 +36,7 @@ def sigmoid_pair_loss(logits: torch.Tensor, rel: torch.Tensor, valid: torch.Tens
 
 
 @register_loss("siglip")
-class SigLIPLoss(nn.Module):
+class SigLIPLoss(RankingLoss):
     """SigLIP loss with a learnable scale t = exp(t') and bias b.
 
     A batch with no positive is still a well-defined SigLIP loss (every pair
@@ -52,6 +52,8 @@ class SigLIPLoss(nn.Module):
 
     Shapes: ``sim``, ``rel``, ``valid``: (Q, D) -> 0-d loss.
     """
+
+    needs_positive = False  # every pair is a term: a positive-free batch still trains
 
     def __init__(
         self,
@@ -101,21 +103,10 @@ class SigLIPLoss(nn.Module):
         dtype = compute_dtype(sim.dtype)
         return sim.to(dtype) * self.scale().to(dtype) + self.bias.to(dtype)
 
-    @full_precision
-    def forward(
-        self,
-        sim: torch.Tensor,
-        rel: torch.Tensor,
-        valid: torch.Tensor | None = None,
-        *,
-        sharded: bool = False,
-    ) -> torch.Tensor:
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
+    def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         return sigmoid_pair_loss(self._logits(sim), rel, valid)
 
-    def forward_sharded(
+    def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """Every pair is its own term: this rank's sum, over the global number of rows."""

@@ -4,8 +4,6 @@ sort), plus the choice of kernel (``impl``) and its checks."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
@@ -114,12 +112,14 @@ def test_load_fast_kernel_is_the_fast_sap_kernel(monkeypatch):
     from rl_gap.losses.fast_sap import kernel
 
     assert gsap_module.load_fast_kernel() is kernel.smoothed_ap_fast
-    monkeypatch.setattr(gsap_module, "_fast_module", lambda: None)
+    monkeypatch.delattr(kernel, "smoothed_ap_fast")
     assert gsap_module.load_fast_kernel() is None
 
 
 def test_fast_impl_without_kernel(monkeypatch):
-    monkeypatch.setattr(gsap_module, "_fast_module", lambda: None)
+    from rl_gap.losses.fast_sap import kernel
+
+    monkeypatch.delattr(kernel, "smoothed_ap_fast")
     with pytest.raises(ValueError, match="fast_sap.kernel"):
         build_loss("gsap", impl="fast")
     loss_fn = build_loss("gsap", impl="auto")
@@ -135,10 +135,10 @@ def test_auto_uses_fast_kernel_when_it_prefers(monkeypatch):
         calls.append((int(keep.sum()), int((positive & keep).sum()), temperature, tolerance))
         return scores.mean() * 0 + 0.25
 
-    fake_module = types.SimpleNamespace(
-        smoothed_ap_fast=fake_fast, prefer_fast=lambda p, m, t, device=None: prefer["fast"]
-    )
-    monkeypatch.setattr(gsap_module, "_fast_module", lambda: fake_module)
+    from rl_gap.losses.fast_sap import kernel
+
+    monkeypatch.setattr(kernel, "smoothed_ap_fast", fake_fast)
+    monkeypatch.setattr(kernel, "prefer_fast", lambda p, m, t, device=None: prefer["fast"])
     sim, rel, valid = small_batch()
     loss = build_loss("gsap", temperature=0.02, impl="auto", tolerance=1e-5)(sim, rel, valid)
     assert float(loss) == pytest.approx(0.75)
