@@ -19,7 +19,7 @@ Figures per rank (the table shows the largest over ranks):
   pinned at 64 KiB through ``MALLOC_MMAP_THRESHOLD_`` so that every large
   tensor is mapped and unmapped, and each step's RSS shows its own peak);
 - ``sent``: bytes this rank contributed to the loss's collectives, counted
-  in ``rl_gap.losses.sharding.comm`` (a ring all-reduce puts at most twice that
+  in ``rl_gap.dist`` (a ring all-reduce puts at most twice that
   on the wire), and separately the embedding gather (B/W × d × 4 bytes
   forward, the B × d × 4-byte gradient all-reduce backward).
 
@@ -132,8 +132,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> 
     import torch.distributed as torch_dist
     import torch.nn.functional as F
 
+    from rl_gap import dist as shard_comm
     from rl_gap.losses import build_loss
-    from rl_gap.losses.sharding import comm as shard_comm
 
     torch.set_num_threads(1)
     clock = CollectiveClock(torch_dist) if args["collective_times"] else None

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rl_gap.metrics.tail.hardness import sample_counts
-from rl_gap.metrics.tail.predictive import tail_survival
+from rl_gap.metrics.tail.posterior_predictive import tail_survival
 from rl_gap.metrics.tail.sampling import NestedTopK
 
 if TYPE_CHECKING:  # the predictor module does not import this one; typing only

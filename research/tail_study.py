@@ -45,8 +45,8 @@ from rl_gap.metrics.tail.diagnostics import (
     diagnose,
     threshold_predictions,
 )
-from rl_gap.metrics.tail.estimate import bootstrap_ci
 from rl_gap.metrics.tail.hardness import TailFit, sample_counts, tail_hardness
+from rl_gap.metrics.tail.intervals import bootstrap_ci
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts, ap_at_k_from_hardness
 
 

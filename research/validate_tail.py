@@ -72,17 +72,13 @@ from research.tail_report import (  # noqa: E402
     print_table,
 )
 from research.tail_worlds import WORLDS, World  # noqa: E402
-from rl_gap.metrics.tail import ESTIMATORS, TailPredictor  # noqa: E402
-from rl_gap.metrics.tail.estimate import (  # noqa: E402
-    HARDNESS_ESTIMATORS,
-    PREDICTIVE,
-    resolve_rank_law,
-)
+from rl_gap.metrics.tail import ESTIMATORS, HARDNESS_ESTIMATORS, TailPredictor  # noqa: E402
 from rl_gap.metrics.tail.hardness import sample_counts  # noqa: E402
 from rl_gap.metrics.tail.rank_law import (  # noqa: E402
     ap_at_k_from_hardness,
     ap_from_precision_terms,
 )
+from rl_gap.metrics.tail.registry import PREDICTIVE, resolve_rank_law  # noqa: E402
 from rl_gap.metrics.tail.sampling import (  # noqa: E402
     DEFAULT_FRACTIONS,
     NestedTopK,

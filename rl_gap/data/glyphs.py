@@ -25,7 +25,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch.utils.data import Dataset
 
@@ -257,10 +256,3 @@ class GlyphsDataModule(CLIPDataModuleBase):
                     )
                 )
         return sets
-
-
-def glyph_tensor(ch: str, spec: RenderSpec, canvas: int = 32) -> torch.Tensor:
-    """A rendering as a (3, canvas, canvas) float tensor in [0, 1] (for inspection)."""
-    from torchvision.transforms.functional import to_tensor
-
-    return to_tensor(render_glyph(ch, spec, canvas))

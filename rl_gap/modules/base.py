@@ -32,8 +32,8 @@ import lightning as L
 import torch
 
 from rl_gap import dist
+from rl_gap import dist as shard_comm
 from rl_gap.losses.registry import read_loss_section
-from rl_gap.losses.sharding import comm as shard_comm
 from rl_gap.losses.sharding import supports_sharding, warn_replicated
 from rl_gap.modules.grad_cache import cached_encode
 from rl_gap.modules.split_batch import check_split_batch, warn_batchnorm

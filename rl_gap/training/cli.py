@@ -87,7 +87,7 @@ from rl_gap.training.parser import (
     with_shipped_recipes,
 )
 from rl_gap.training.resume import Resume
-from rl_gap.training.run_config import check_config_file, run_dir_for  # noqa: F401  (run_dir_for: re-export)
+from rl_gap.training.run_config import check_config_file
 from rl_gap.training.run_folder import FreshFitGuard, versioned_message
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
 from rl_gap.training.run_setup import RunSetup, resolve_run, setting_error, usage_error

@@ -15,7 +15,6 @@ Pure helpers (no Lightning) used by :mod:`rl_gap.training.cli` and
 - :func:`config_mismatch` names the keys in which a checkpoint's config and the
   current one differ; :func:`load_checkpoint_file` and :func:`check_config_file`
   turn a wrong file into one clear error;
-- :func:`loss_section_error` checks a ``loss:`` section against the loss registry.
 """
 
 from __future__ import annotations
@@ -81,13 +80,6 @@ _UNSET = "<unset>"
 def _plain(value: Any) -> Any:
     """A JSON-representable copy of ``value`` (paths and other objects as strings)."""
     return json.loads(json.dumps(value, default=str))
-
-
-def plain_config(config: Any) -> dict[str, Any]:
-    """A resolved config (jsonargparse Namespace or mapping) as nested JSON-plain dicts."""
-    if hasattr(config, "as_dict"):
-        config = config.as_dict()
-    return _plain(dict(config))
 
 
 def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -290,18 +282,3 @@ def check_config_file(path: str | Path) -> None:
         raise ValueError(
             f"config file {path} holds a {type(content).__name__}, not a mapping of recipe keys"
         )
-
-
-# -------------------------------------------------------------------- loss
-def loss_section_error(section: Any) -> str | None:
-    """None if a recipe's ``loss:`` section names a registered loss and valid keys, else
-    the one-line message of :func:`rl_gap.losses.registry.read_loss_section`."""
-    from rl_gap.losses.registry import LossSectionError, read_loss_section
-
-    if section is None:
-        return None
-    try:
-        read_loss_section(section)
-    except LossSectionError as err:
-        return str(err)
-    return None

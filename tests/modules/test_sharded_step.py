@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rl_gap.losses import available_losses, build_loss
-from rl_gap.losses.sharding.dispatch import supports_sharding
+from rl_gap.losses.sharding.call import supports_sharding
 from rl_gap.models.clip import tiny_clip_config
 from rl_gap.modules.clip_finetune import CLIPFineTuneModule
 from rl_gap.modules.metric_learning import MetricLearningModule

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from rl_gap.losses import get_loss_class
-from rl_gap.training.cli import run_dir_for, run_lightning_cli
+from rl_gap.training.cli import run_lightning_cli
+from rl_gap.training.run_config import run_dir_for
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 DEMO = {loss: RECIPES / "demo" / f"mnist_{loss}.yaml" for loss in ("gsap", "msap", "infonce")}

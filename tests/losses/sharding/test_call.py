@@ -26,7 +26,7 @@ from rl_gap.losses.common import drop_lowest_negatives
 from rl_gap.losses.fast_sap import binning as fast_binning
 from rl_gap.losses.fast_sap.grid import plan_grid
 from rl_gap.losses.sharding import gsap as sharded_gsap
-from rl_gap.losses.sharding.dispatch import supports_sharding
+from rl_gap.losses.sharding.call import supports_sharding
 from rl_gap.losses.sharding.drop import sharded_drop_mask
 
 ROWS, COLS = 13, 17

@@ -81,7 +81,7 @@ def test_tail_metric_keyed_and_scores_on_cuda(fake_cuda, estimator):
 
 def test_predict_map_on_cuda_scores(fake_cuda):
     from rl_gap.metrics.tail import predict_map
-    from rl_gap.metrics.tail.estimate import bootstrap_ci
+    from rl_gap.metrics.tail.intervals import bootstrap_ci
 
     q, p, owner, x = make_data()
     pos = torch.full((q.shape[0], 8), float("nan"))
