@@ -287,35 +287,6 @@ def _plain_section(config: Mapping[str, Any] | None) -> dict[str, Any]:
     return {str(k): (v.as_dict() if hasattr(v, "as_dict") else v) for k, v in config.items()}
 
 
-# The functions below are read_loss_section's answers in the shapes older callers use.
-def split_loss_section(
-    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME
-) -> tuple[str, dict[str, dict[str, Any]], dict[str, Any]]:
-    """``(name, per-loss tables, flat keys)`` of a checked ``loss:`` section (:func:`read_loss_section`)."""
-    section = read_loss_section(config, default)
-    return section.name, section.tables, section.flat
-
-
-def resolve_loss_config(
-    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME
-) -> dict[str, Any]:
-    """``{"name": name, **keywords}`` the chosen loss is built with.
-
-    Precedence: the loss's own defaults < its table ``loss.<name>`` < flat keys
-    (command-line overrides). Another loss's table is never used, so
-    ``--model.loss.name msap`` on a gSAP recipe trains mSAP with mSAP's values.
-    """
-    section = read_loss_section(config, default)
-    return {"name": section.name, **section.kwargs}
-
-
-def normalize_loss_section(
-    config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME, expand: bool = False
-) -> dict[str, Any]:
-    """The section with flat keys moved into the chosen loss's table (:meth:`LossSection.as_recipe`)."""
-    return read_loss_section(config, default).as_recipe(expand)
-
-
 def loss_from_config(
     config: Mapping[str, Any] | None, default: str = DEFAULT_LOSS_NAME
 ) -> nn.Module:

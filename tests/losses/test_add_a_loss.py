@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from rl_gap import dist as shard_comm
 from rl_gap.losses import available_losses, build_loss, loss_from_config, register_loss, registry
-from rl_gap.losses.common import check_batch, full_precision, zero_loss
+from rl_gap.losses.base import RankingLoss
 from rl_gap.losses.sharding import supports_sharding
-from rl_gap.losses.sharding.call import sharded_forward
-from rl_gap.losses.sharding.rows import mean_over_ranks, no_positive
+from rl_gap.losses.sharding.rows import mean_over_ranks
 
 from .gloo_ranks import on_ranks, row_block
 
@@ -31,7 +29,7 @@ SPLIT = [3, 4]
 
 
 # --- rl_gap/losses/pair_hinge.py --------------------------------------------------
-class PairHingeLoss(nn.Module):
+class PairHingeLoss(RankingLoss):
     """Toy loss: mean over the valid pairs of ``[margin − s]_+`` (positives), ``[s]_+`` (negatives).
 
     Args:
@@ -50,19 +48,11 @@ class PairHingeLoss(nn.Module):
         hinge = torch.where(rel, (self.margin - sim).clamp(min=0), sim.clamp(min=0))
         return (hinge * valid).sum()
 
-    @full_precision
-    def forward(self, sim, rel, valid=None, *, sharded: bool = False):
-        if sharded:
-            return sharded_forward(self, sim, rel, valid)
-        sim, rel, valid = check_batch(sim, rel, valid)
-        if not bool((rel & valid).any()):
-            return zero_loss(sim, self, "batch has no valid positive pair")
+    def _loss(self, sim, rel, valid):
         return self._hinge_sum(sim, rel, valid) / int(torch.count_nonzero(valid))
 
-    def forward_sharded(self, sim_rows, rel_rows, valid_rows):
+    def _loss_sharded(self, sim_rows, rel_rows, valid_rows):
         """Each pair is its own term: this rank's sum over the global number of valid pairs."""
-        if no_positive(rel_rows, valid_rows):
-            return zero_loss(sim_rows, self, "batch has no valid positive pair")
         count = shard_comm.global_count(int(torch.count_nonzero(valid_rows)), sim_rows.device)
         return mean_over_ranks(self._hinge_sum(sim_rows, rel_rows, valid_rows), count)
 

@@ -12,14 +12,7 @@ import pytest
 from jsonargparse import Namespace
 
 from rl_gap.losses import get_loss_class, loss_from_config
-from rl_gap.losses.registry import (
-    DEFAULT_LOSS_NAME,
-    LossSectionError,
-    normalize_loss_section,
-    read_loss_section,
-    resolve_loss_config,
-    split_loss_section,
-)
+from rl_gap.losses.registry import DEFAULT_LOSS_NAME, LossSectionError, read_loss_section
 
 PAPER = {
     "name": "msap",
@@ -113,10 +106,15 @@ def test_print_config_block_has_every_keyword_of_the_chosen_loss():
     }
 
 
-def test_older_entry_points_answer_from_the_same_reader():
-    assert split_loss_section(PAPER) == ("msap", {"gsap": PAPER["gsap"], "msap": PAPER["msap"]}, {})
-    assert resolve_loss_config(PAPER) == {"name": "msap", "temperature": 0.01}
-    assert normalize_loss_section({"name": "gsap", "neg_drop": 0.5}) == {
+def test_the_reader_answers_name_tables_flat_keys_kwargs_and_recipe():
+    section = read_loss_section(PAPER)
+    assert (section.name, section.tables, section.flat) == (
+        "msap",
+        {"gsap": PAPER["gsap"], "msap": PAPER["msap"]},
+        {},
+    )
+    assert {"name": section.name, **section.kwargs} == {"name": "msap", "temperature": 0.01}
+    assert read_loss_section({"name": "gsap", "neg_drop": 0.5}).as_recipe() == {
         "name": "gsap",
         "gsap": {"neg_drop": 0.5},
     }

@@ -87,14 +87,15 @@ def test_unknown_table_key_is_rejected_with_its_name(capsys, override, named):
 
 
 def test_python_api_tables_and_errors():
-    from rl_gap.losses.registry import resolve_loss_config
+    from rl_gap.losses.registry import read_loss_section
 
     section = {
         "name": "msap",
         "gsap": {"temperature": 0.001, "neg_drop": 0.9},
         "msap": {"temperature": 0.01},
     }
-    assert resolve_loss_config(section) == {"name": "msap", "temperature": 0.01}
+    chosen = read_loss_section(section)
+    assert {"name": chosen.name, **chosen.kwargs} == {"name": "msap", "temperature": 0.01}
     loss = loss_from_config(section)
     assert (loss.temperature, loss.neg_drop) == (0.01, 0.0)
     with pytest.raises(ValueError, match="'msap'.*'tau'"):
@@ -141,7 +142,7 @@ def test_flat_recipe_keys_are_not_carried_to_another_loss(tmp_path, capsys):
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_shipped_recipes_keep_hyperparameters_in_per_loss_tables(recipe):
-    from rl_gap.losses.registry import resolve_loss_config
+    from rl_gap.losses.registry import read_loss_section
 
     section = _loss_section(recipe)
     flat = {k for k in section if k != "name" and not isinstance(section[k], dict)}
@@ -151,7 +152,8 @@ def test_shipped_recipes_keep_hyperparameters_in_per_loss_tables(recipe):
         if name == "name":
             continue
         swapped = {**section, "name": name}
-        assert resolve_loss_config(swapped) == {"name": name, **table}
+        chosen = read_loss_section(swapped)
+        assert {"name": chosen.name, **chosen.kwargs} == {"name": name, **table}
         built = loss_from_config(swapped)
         for key, value in table.items():
             if hasattr(built, key):  # SigLIP keeps init_* as its learnt parameters
