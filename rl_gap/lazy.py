@@ -7,12 +7,15 @@ lists where each public name lives, and the first access imports only that
 submodule::
 
     __getattr__, __dir__ = lazy_exports(__name__, globals(), {"GlobalAP": ".retrieval"})
+
+A package writes its exports grouped by submodule, each name once (:func:`by_module`), and
+takes ``__all__`` from them.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
@@ -35,3 +38,18 @@ def lazy_exports(
         return sorted({*namespace, *exports})
 
     return __getattr__, __dir__
+
+
+def by_module(groups: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """``{submodule: names}`` -> ``{name: submodule}`` (what :func:`lazy_exports` takes).
+
+    Raises:
+        ValueError: a name listed under two submodules.
+    """
+    exports: dict[str, str] = {}
+    for module, names in groups.items():
+        for name in names:
+            if name in exports:
+                raise ValueError(f"{name!r} is exported from both {exports[name]} and {module}")
+            exports[name] = module
+    return exports

@@ -70,3 +70,28 @@ def test_recipe_class_paths_through_the_faces_resolve():
     from rl_gap.modules.metric_learning import MetricLearningModule as direct_module
 
     assert ModelSelectionGuard is direct and MetricLearningModule is direct_module
+
+
+def test_by_module_inverts_the_groups_and_refuses_a_name_twice():
+    from rl_gap.lazy import by_module
+
+    assert by_module({".a": ("X", "Y"), ".b": ("Z",)}) == {"X": ".a", "Y": ".a", "Z": ".b"}
+    with pytest.raises(ValueError, match="'X' is exported from both .a and .b"):
+        by_module({".a": ("X",), ".b": ("X",)})
+
+
+def test_each_package_face_exports_what_its_type_checking_block_names():
+    """__all__ is built from the export table; the TYPE_CHECKING imports name the same set."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    for package in ("callbacks", "metrics", "models", "modules"):
+        path = Path(__file__).resolve().parents[1] / "rl_gap" / package / "__init__.py"
+        block = next(
+            node
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        )
+        named = {a.name for imp in block.body for a in imp.names}
+        assert set(importlib.import_module(f"rl_gap.{package}").__all__) == named, package

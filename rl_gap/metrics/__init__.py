@@ -10,31 +10,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rl_gap.lazy import lazy_exports
+from rl_gap.lazy import by_module, lazy_exports
 
-_EXPORTS = {
-    "WeightedKNNAccuracy": ".knn",
-    "GlobalAP": ".retrieval",
-    "MeanAP": ".retrieval",
-    "RecallAtK": ".retrieval",
-    "RecallAtPrecision": ".retrieval",
-    "RetrievalMetrics": ".retrieval",
-    "ThresholdProtocol": ".retrieval",
-    "TailExtrapolatedMAP": ".tail",
-}
+_EXPORTS = by_module(
+    {
+        ".knn": ("WeightedKNNAccuracy",),
+        ".retrieval": (
+            "GlobalAP",
+            "MeanAP",
+            "RecallAtK",
+            "RecallAtPrecision",
+            "RetrievalMetrics",
+            "ThresholdProtocol",
+        ),
+        ".tail": ("TailExtrapolatedMAP",),
+    }
+)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-__all__ = [
-    "GlobalAP",
-    "MeanAP",
-    "RecallAtK",
-    "RecallAtPrecision",
-    "RetrievalMetrics",
-    "TailExtrapolatedMAP",
-    "ThresholdProtocol",
-    "WeightedKNNAccuracy",
-]
+__all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the same names, for type checkers (__all__ is built above)
     from rl_gap.metrics.knn import WeightedKNNAccuracy
     from rl_gap.metrics.retrieval import (
         GlobalAP,

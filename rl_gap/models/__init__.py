@@ -7,29 +7,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rl_gap.lazy import lazy_exports
+from rl_gap.lazy import by_module, lazy_exports
 
-_EXPORTS = {
-    "EmbeddingEncoder": ".encoder",
-    "SmallConvNet": ".encoder",
-    "load_backbone_weights": ".encoder",
-    "create_backbone": ".encoder",
-    "CLIPEncoder": ".clip",
-    "PretrainedWeightsUnavailable": ".pretrained",
-    "weights_from_checkpoint": ".pretrained",
-}
+_EXPORTS = by_module(
+    {
+        ".encoder": (
+            "EmbeddingEncoder",
+            "SmallConvNet",
+            "load_backbone_weights",
+            "create_backbone",
+        ),
+        ".clip": ("CLIPEncoder",),
+        ".pretrained": ("PretrainedWeightsUnavailable", "weights_from_checkpoint"),
+    }
+)
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-__all__ = [
-    "CLIPEncoder",
-    "EmbeddingEncoder",
-    "PretrainedWeightsUnavailable",
-    "SmallConvNet",
-    "create_backbone",
-    "load_backbone_weights",
-    "weights_from_checkpoint",
-]
+__all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the same names, for type checkers (__all__ is built above)
     from rl_gap.models.clip import CLIPEncoder
     from rl_gap.models.encoder import (
         EmbeddingEncoder,
