@@ -1,6 +1,6 @@
 # rl_gap: `make demo` trains the MNIST demo with three losses; `make test` runs the CPU test suite.
 # Both bootstrap .venv on a fresh machine: exact versions from constraints.txt (setup.cfg
-# states only lower bounds, so `pip install .` into an existing environment keeps its torch).
+# states lower bounds for torch and numpy, so `pip install .` into an existing environment keeps its torch).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

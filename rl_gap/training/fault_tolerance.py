@@ -38,10 +38,9 @@ import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
-from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
@@ -65,6 +64,16 @@ from rl_gap.training.stop_request import (
 )
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A loader whose position is saved with the checkpoint: what Lightning's combined loader
+    saves and restores (it asks the same two methods of each training loader)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def writable_error(folder: str | Path) -> str | None:
@@ -380,7 +389,7 @@ class RestoreLoaderPosition(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         states, self._states = self._states, []
         resuming, self._resuming = self._resuming, False
-        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, _Stateful)]
+        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, Stateful)]
         if not states:
             if resuming and loaders:
                 warnings.warn(
