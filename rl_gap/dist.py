@@ -239,10 +239,8 @@ class _ReduceStatistic(torch.autograd.Function):
         return all_reduce(grad.clone(memory_format=torch.contiguous_format))
 
 
-class _ReducePartials(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return all_reduce(x.detach().clone(memory_format=torch.contiguous_format))
+class _ReducePartials(_ReduceStatistic):
+    """The same sum forward; backward hands each rank its own share's gradient unchanged."""
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

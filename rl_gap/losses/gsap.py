@@ -171,21 +171,32 @@ class GlobalSmoothAPLoss(RankingLoss):
                 self._warn_fallback(error)
         return 1.0 - exact()
 
+    def _flat_call(
+        self,
+        kernel: Callable[..., torch.Tensor],
+        sim: torch.Tensor,
+        rel: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """A fast kernel (one process or sharded) on the flattened matrix with this loss's
+        settings; ``neg_drop`` is passed only when it drops something."""
+        extra = {"neg_drop": self.neg_drop} if self.neg_drop > 0 else {}
+        return kernel(
+            sim.reshape(-1),
+            rel.reshape(-1),
+            self.temperature,
+            tolerance=self.tolerance,
+            valid=valid.reshape(-1),
+            **extra,
+        )
+
     def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         # count_nonzero, not .sum(): a bool sum first widens the whole mask to int64.
         counts = (int(torch.count_nonzero(rel & valid)), int(torch.count_nonzero(valid)))
 
         def fast() -> torch.Tensor:
             # The fast kernel skips invalid (and dropped) items itself: no (M,) copy of sim[valid].
-            extra = {"neg_drop": self.neg_drop} if self.neg_drop > 0 else {}
-            return fast_sap_kernel.smoothed_ap_fast(
-                sim.reshape(-1),
-                rel.reshape(-1),
-                self.temperature,
-                tolerance=self.tolerance,
-                valid=valid.reshape(-1),
-                **extra,
-            )
+            return self._flat_call(fast_sap_kernel.smoothed_ap_fast, sim, rel, valid)
 
         def exact() -> torch.Tensor:
             scores = sim[valid].to(compute_dtype(sim.dtype))  # row-major flat list
@@ -216,14 +227,7 @@ class GlobalSmoothAPLoss(RankingLoss):
         num_pos, num_valid = (int(c) for c in shard_comm.all_reduce(counts))
 
         def fast() -> torch.Tensor:
-            return sharded_gsap.sharded_smoothed_ap_fast(
-                sim.reshape(-1),
-                rel.reshape(-1),
-                self.temperature,
-                tolerance=self.tolerance,
-                valid=valid.reshape(-1),
-                neg_drop=self.neg_drop,
-            )
+            return self._flat_call(sharded_gsap.sharded_smoothed_ap_fast, sim, rel, valid)
 
         def exact() -> torch.Tensor:
             scores, positive = kept_flat(sim, rel, valid, self.neg_drop)
