@@ -46,9 +46,16 @@ def usage_error(message: str) -> NoReturn:
 
 
 def setting_error(error: BaseException) -> str | None:
-    """``--model.loss: <message>`` for a loss or optimizer setting error in ``error``'s chain,
-    or ``--model.init_args: <message>`` for a class's own refusal that jsonargparse wrapped
-    into its "does not validate against any of the Union subtypes" report."""
+    """One line for a setting refused while the classes are built, else None.
+
+    ``--model.loss: <message>`` / ``--model.init_args: <message>`` for a loss or optimizer
+    setting error (by type) anywhere in ``error``'s chain; ``--model.init_args: <message>``
+    or ``--data.init_args: <message>`` for a module's or data module's own ``ValueError``
+    from its constructor, which jsonargparse hands on as the cause of its multi-line
+    "does not validate against any of the Union subtypes" report. The refusal is found by
+    where it was raised (a constructor frame of a LightningModule / LightningDataModule),
+    never by reading jsonargparse's text.
+    """
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
@@ -56,25 +63,28 @@ def setting_error(error: BaseException) -> str | None:
         for kind, key in _SETTING_KEYS:
             if isinstance(cause, kind):
                 return f"{key}: {cause}"
+        group = _refusing_group(cause) if isinstance(cause, ValueError) else None
+        if group is not None:
+            return f"{group}: {cause}"
         cause = cause.__cause__ or cause.__context__
-    return _constructor_error(str(error))
+    return None
 
 
-def _constructor_error(report: str) -> str | None:
-    """The first subtype's error of a jsonargparse Union report (the None subtype's is noise)."""
-    if "Does not validate against any of the Union subtypes" not in report:
-        return None
-    errors = [
-        line.strip()[2:]
-        for line in report.splitlines()
-        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
-    ]
-    if not errors:
-        return None
-    group = (
-        "--data.init_args" if "DataModule" in report.split("Errors:")[0] else "--model.init_args"
-    )
-    return f"{group}: {errors[0]}"
+def _refusing_group(error: BaseException) -> str | None:
+    """``--model.init_args`` / ``--data.init_args`` when ``error`` was raised inside the
+    ``__init__`` of a LightningModule / LightningDataModule (the innermost one), else None."""
+    import lightning as L
+
+    group = None
+    frame = error.__traceback__
+    while frame is not None:
+        code, owner = frame.tb_frame.f_code, frame.tb_frame.f_locals.get("self")
+        if code.co_name == "__init__" and isinstance(owner, L.LightningDataModule):
+            group = "--data.init_args"
+        elif code.co_name == "__init__" and isinstance(owner, L.LightningModule):
+            group = "--model.init_args"
+        frame = frame.tb_next
+    return group
 
 
 @dataclass

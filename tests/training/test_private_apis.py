@@ -76,3 +76,13 @@ def test_lightning_and_jsonargparse_are_bounded_above_at_the_pinned_versions():
     for name in ("lightning", "jsonargparse"):
         assert reqs[name].endswith(f",<={pins[name]}"), (reqs[name], pins[name])
     assert private_apis.__doc__ and "setup.cfg" in private_apis.__doc__
+
+
+def test_no_product_code_reads_jsonargparse_error_text():
+    """Setting errors are told apart by type and origin (run_setup.setting_error)."""
+    hits = [
+        f"{path.relative_to(ROOT)}"
+        for path in (ROOT / "rl_gap").rglob("*.py")
+        if "Does not validate against any of the Union subtypes" in path.read_text()
+    ]
+    assert not hits, hits

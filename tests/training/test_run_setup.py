@@ -34,3 +34,43 @@ def test_usage_error_is_one_line_and_status_2(capsys):
         usage_error("the reason")
     assert info.value.code == 2
     assert capsys.readouterr().err == "rl-gap: error: the reason\n"
+
+
+def _union_report(build) -> ValueError:
+    """What jsonargparse raises when building a class fails: its Union report, the
+    constructor's own error as the cause (``raise ... from exceptions[0]``)."""
+    try:
+        build()
+    except ValueError as inner:
+        report = ValueError(
+            "Does not validate against any of the Union subtypes\nErrors:\n  - Expected a"
+            " <class 'NoneType'>\n  - Problem with given class_path: a DataModule"
+        )  # the text names the wrong group on purpose: it is not read
+        report.__cause__ = inner
+        return report
+    raise AssertionError("build() did not fail")
+
+
+def test_a_constructors_own_refusal_is_named_by_the_class_that_raised_it():
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self, momentum: float) -> None:
+            super().__init__()
+            _check(momentum)
+
+    class Data(L.LightningDataModule):
+        def __init__(self, size: int) -> None:
+            super().__init__()
+            if size < 1:
+                raise ValueError(f"size must be >= 1, got {size}")
+
+    def _check(momentum):  # a helper below the constructor, as models/moco.py has
+        if not 0 <= momentum <= 1:
+            raise ValueError(f"momentum must lie in [0, 1], got {momentum}")
+
+    model = _union_report(lambda: Module(1.5))
+    assert setting_error(model) == "--model.init_args: momentum must lie in [0, 1], got 1.5"
+    data = _union_report(lambda: Data(0))
+    assert setting_error(data) == "--data.init_args: size must be >= 1, got 0"
+    assert setting_error(_union_report(lambda: _check(2.0))) is None  # no module refused it
