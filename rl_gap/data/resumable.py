@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from rl_gap.data.sampler import ResumableBatchLoader, ResumableEpochs
+
 _ITEM_SEED_MOD = 2**63 - 1
 
 
@@ -35,15 +37,7 @@ def item_seed(seed: int, epoch: int, index: int) -> int:
     return (x ^ (x >> 29)) % _ITEM_SEED_MOD
 
 
-class _EpochForwarder:
-    def __init__(self, owner: ShuffledBatchSampler) -> None:
-        self.owner = owner
-
-    def set_epoch(self, epoch: int) -> None:
-        self.owner.set_epoch(epoch)
-
-
-class ShuffledBatchSampler(Sampler[list[tuple[int, int]]]):
+class ShuffledBatchSampler(ResumableEpochs, Sampler[list[tuple[int, int]]]):
     """Shuffled global batches of ``batch_size * num_replicas`` items; this rank's slice of each.
 
     Args:
@@ -70,28 +64,7 @@ class ShuffledBatchSampler(Sampler[list[tuple[int, int]]]):
             )
         self.num_items, self.batch_size = int(num_items), int(batch_size)
         self.num_replicas, self.rank, self.seed = int(num_replicas), int(rank), int(seed)
-        self.epoch = 0
-        self.num_batches = self.num_items // global_batch
-        self._pending: tuple[int, int] | None = None
-        self.position: tuple[int, int] = (0, 0)
-
-    @property
-    def sampler(self) -> _EpochForwarder:
-        """Lightning calls ``set_epoch`` on ``batch_sampler.sampler``; forwarded here."""
-        return _EpochForwarder(self)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def resume(self, epoch: int, batches_done: int) -> None:
-        """The next iteration continues ``epoch`` after its first ``batches_done`` batches."""
-        if epoch < 0 or batches_done < 0:
-            raise ValueError(f"invalid resume position epoch={epoch}, batches={batches_done}")
-        self.epoch = int(epoch)
-        self._pending = (int(epoch), int(batches_done))
-
-    def __len__(self) -> int:
-        return self.num_batches
+        self._start_epochs(self.num_items // global_batch)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         epoch, skip = self.epoch, 0
@@ -150,8 +123,6 @@ def resumable_train_loader(
     shards the batches itself: the trainer needs ``use_distributed_sampler=False``
     (``rl-gap fit`` sets it for data modules with ``shards_training_batches``).
     """
-    from rl_gap.data.sampler import ResumableBatchLoader
-
     trainer = getattr(datamodule, "trainer", None)
     world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
     if world > 1 and trainer._accelerator_connector.use_distributed_sampler:

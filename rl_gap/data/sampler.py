@@ -38,14 +38,61 @@ def _as_label_tensor(labels: Sequence[int] | torch.Tensor) -> torch.Tensor:
 class _EpochForwarder:
     """``set_epoch`` target handed to Lightning as ``batch_sampler.sampler``."""
 
-    def __init__(self, owner: MPerClassBatchSampler) -> None:
+    def __init__(self, owner: ResumableEpochs) -> None:
         self.owner = owner
 
     def set_epoch(self, epoch: int) -> None:
         self.owner.set_epoch(epoch)
 
 
-class MPerClassBatchSampler(Sampler[list[int]]):
+class ResumableEpochs:
+    """The epoch and resume position every resumable batch sampler keeps.
+
+    A subclass calls :meth:`_start_epochs` in ``__init__`` and, in ``__iter__``, applies
+    ``_pending`` (``(epoch, batches to skip)`` restored from a checkpoint) and records
+    ``position`` (``(epoch, first batch)`` of the running iteration), which
+    :class:`ResumableBatchLoader` checkpoints.
+    """
+
+    epoch: int
+    num_batches: int
+    _pending: tuple[int, int] | None
+    position: tuple[int, int]
+
+    def _start_epochs(self, num_batches: int) -> None:
+        self.epoch = 0
+        self.num_batches = int(num_batches)
+        self._pending = None
+        self.position = (0, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning at every epoch start: new batches, same on every rank."""
+        self.epoch = int(epoch)
+
+    @property
+    def sampler(self) -> _EpochForwarder:
+        """Lightning calls ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``
+        only (never on the batch sampler itself); this forwards the call here, so
+        every epoch draws new batches."""
+        return _EpochForwarder(self)
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Make the next iteration continue ``epoch`` after its first ``batches_done`` batches.
+
+        Applied only if that iteration runs ``epoch`` (after a checkpoint taken at
+        the end of an epoch Lightning moves on with ``set_epoch(epoch + 1)``, and
+        the next epoch starts from its first batch).
+        """
+        if epoch < 0 or batches_done < 0:
+            raise ValueError(f"invalid resume position epoch={epoch}, batches={batches_done}")
+        self.epoch = int(epoch)
+        self._pending = (int(epoch), int(batches_done))
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+
+class MPerClassBatchSampler(ResumableEpochs, Sampler[list[int]]):
     """Global batches of ``batch_size // m_per_class`` classes x ``m_per_class`` images.
 
     Each batch picks distinct classes without replacement, with probability
@@ -118,38 +165,7 @@ class MPerClassBatchSampler(Sampler[list[int]]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.seed = seed
-        self.epoch = 0
-        self.num_batches = batches_per_epoch or max(1, len(labels) // batch_size)
-        # (epoch, batches to skip) restored from a checkpoint, applied by the next iteration
-        self._pending: tuple[int, int] | None = None
-        # (epoch, first batch) of the running iteration
-        self.position: tuple[int, int] = (0, 0)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning at every epoch start: new batches, same on every rank."""
-        self.epoch = epoch
-
-    @property
-    def sampler(self) -> _EpochForwarder:
-        """Lightning calls ``set_epoch`` on ``loader.sampler`` and ``loader.batch_sampler.sampler``
-        only (never on the batch sampler itself); this forwards the call here, so
-        every epoch draws new batches."""
-        return _EpochForwarder(self)
-
-    def resume(self, epoch: int, batches_done: int) -> None:
-        """Make the next iteration continue ``epoch`` after its first ``batches_done`` batches.
-
-        Applied only if that iteration runs ``epoch`` (after a checkpoint taken at
-        the end of an epoch Lightning moves on with ``set_epoch(epoch + 1)``, and
-        the next epoch starts from its first batch).
-        """
-        if epoch < 0 or batches_done < 0:
-            raise ValueError(f"invalid resume position epoch={epoch}, batches={batches_done}")
-        self.epoch = int(epoch)
-        self._pending = (int(epoch), int(batches_done))
-
-    def __len__(self) -> int:
-        return self.num_batches
+        self._start_epochs(batches_per_epoch or max(1, len(labels) // batch_size))
 
     def global_batches(self, epoch: int | None = None) -> Iterator[list[int]]:
         """The global batches of ``epoch`` (default ``self.epoch``), identical on every rank."""
