@@ -67,12 +67,7 @@ class ShuffledBatchSampler(ResumableEpochs, Sampler[list[tuple[int, int]]]):
         self._start_epochs(self.num_items // global_batch)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        epoch, skip = self.epoch, 0
-        if self._pending is not None:
-            if self._pending[0] == epoch:
-                skip = self._pending[1]
-            self._pending = None
-        self.position = (epoch, skip)
+        epoch, skip = self._begin_iteration()
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(self.num_items, generator=g).tolist()
         global_batch = self.batch_size * self.num_replicas

@@ -48,10 +48,10 @@ class _EpochForwarder:
 class ResumableEpochs:
     """The epoch and resume position every resumable batch sampler keeps.
 
-    A subclass calls :meth:`_start_epochs` in ``__init__`` and, in ``__iter__``, applies
-    ``_pending`` (``(epoch, batches to skip)`` restored from a checkpoint) and records
-    ``position`` (``(epoch, first batch)`` of the running iteration), which
-    :class:`ResumableBatchLoader` checkpoints.
+    A subclass calls :meth:`_start_epochs` in ``__init__`` and :meth:`_begin_iteration` at
+    the start of ``__iter__``: it applies ``_pending`` (``(epoch, batches to skip)`` restored
+    from a checkpoint) and records ``position`` (``(epoch, first batch)`` of the running
+    iteration), which :class:`ResumableBatchLoader` checkpoints.
     """
 
     epoch: int
@@ -90,6 +90,17 @@ class ResumableEpochs:
 
     def __len__(self) -> int:
         return self.num_batches
+
+    def _begin_iteration(self) -> tuple[int, int]:
+        """``(epoch, batches to skip)`` of a new iteration: a restored position applies to
+        the epoch it was saved in only, and is used once; recorded as ``position``."""
+        epoch, skip = self.epoch, 0
+        if self._pending is not None:
+            if self._pending[0] == epoch:
+                skip = self._pending[1]
+            self._pending = None
+        self.position = (epoch, skip)
+        return epoch, skip
 
 
 class MPerClassBatchSampler(ResumableEpochs, Sampler[list[int]]):
@@ -192,12 +203,7 @@ class MPerClassBatchSampler(ResumableEpochs, Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         # a generator: this body runs at the first ``next``, after Lightning's ``set_epoch``
-        epoch, skip = self.epoch, 0
-        if self._pending is not None:
-            if self._pending[0] == epoch:
-                skip = self._pending[1]
-            self._pending = None
-        self.position = (epoch, skip)
+        epoch, skip = self._begin_iteration()
         local = self.batch_size // self.num_replicas
         start = self.rank * local
         for i, batch in enumerate(self.global_batches(epoch)):
