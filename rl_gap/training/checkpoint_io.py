@@ -26,7 +26,7 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
@@ -34,6 +34,16 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 TEMP_PREFIX = ".rl_gap-partial-"  # temporary checkpoints: hidden, never matched by *.ckpt
 TEMP_SUFFIX = ".tmp"
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A loader whose position is saved with the checkpoint: what Lightning's combined loader
+    saves and restores (it asks the same two methods of each training loader)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def _is_local(path: str | Path) -> bool:

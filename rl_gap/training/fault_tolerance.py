@@ -38,14 +38,18 @@ import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from rl_gap.training.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
+from rl_gap.training.checkpoint_io import (
+    AtomicCheckpointIO,
+    Stateful,
+    remove_partial_checkpoints,
+)
 from rl_gap.training.resume import nonfinite_optimizer_error
 from rl_gap.training.run_config import (
     ResumeMismatchError,
@@ -64,16 +68,6 @@ from rl_gap.training.stop_request import (
 )
 
 SIGTERM_EXIT_CODE = 128 + 15  # what a shell reports for a process ended by SIGTERM
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """A loader whose position is saved with the checkpoint: what Lightning's combined loader
-    saves and restores (it asks the same two methods of each training loader)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def writable_error(folder: str | Path) -> str | None:
