@@ -45,11 +45,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from rl_gap.training.checkpoint_io import (
-    AtomicCheckpointIO,
-    Stateful,
-    remove_partial_checkpoints,
-)
+from rl_gap.training.checkpoint_io import AtomicCheckpointIO, Stateful, remove_partial_checkpoints
 from rl_gap.training.resume import nonfinite_optimizer_error
 from rl_gap.training.run_config import (
     ResumeMismatchError,
