@@ -16,6 +16,8 @@ _EXPORTS = {
     "WeightedKNNAccuracy": ".knn",
     "GlobalAP": ".retrieval",
     "MeanAP": ".retrieval",
+    "MAPAtR": ".retrieval",
+    "RPrecision": ".retrieval",
     "RecallAtK": ".retrieval",
     "RecallAtPrecision": ".retrieval",
     "RetrievalMetrics": ".retrieval",
@@ -25,7 +27,9 @@ _EXPORTS = {
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 __all__ = [
     "GlobalAP",
+    "MAPAtR",
     "MeanAP",
+    "RPrecision",
     "RecallAtK",
     "RecallAtPrecision",
     "RetrievalMetrics",
@@ -38,10 +42,12 @@ if TYPE_CHECKING:
     from rl_gap.metrics.knn import WeightedKNNAccuracy
     from rl_gap.metrics.retrieval import (
         GlobalAP,
+        MAPAtR,
         MeanAP,
         RecallAtK,
         RecallAtPrecision,
         RetrievalMetrics,
+        RPrecision,
         ThresholdProtocol,
     )
     from rl_gap.metrics.tail import TailExtrapolatedMAP

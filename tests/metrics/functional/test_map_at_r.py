@@ -52,9 +52,7 @@ def test_hand_computed_ranking_with_ties():
     scores = torch.tensor(
         [[0.9, 0.8, 0.7, 0.1], [0.5, 0.5, 0.5, 0.2], [0.3, 0.2, 0.1, 0.0]], dtype=torch.float64
     )
-    rel = torch.tensor(
-        [[1, 0, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool
-    )
+    rel = torch.tensor([[1, 0, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
     assert float(map_at_r(scores, rel)) == pytest.approx((0.5 + 7 / 18) / 2, abs=1e-15)
     assert float(r_precision(scores, rel)) == pytest.approx((0.5 + 2 / 3) / 2, abs=1e-15)
     out = evaluate_scores(scores, rel)
