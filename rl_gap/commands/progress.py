@@ -1,0 +1,70 @@
+"""Progress bars of the long commands (``evaluate``, ``knn``, ``linear-probe``, ``tune``).
+
+The same library as the trainer's bar (rich), drawn on **stderr**, so a JSON or
+CSV result on stdout stays machine-readable; ``--quiet`` turns it off. Off a
+terminal (a log file, CI) rich draws the bar once when it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["add_quiet_argument", "progress", "Bar"]
+
+
+def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress bar (it is drawn on stderr)"
+    )
+
+
+class Bar:
+    """One task of a rich ``Progress`` (or nothing when quiet): ``start``, ``advance``."""
+
+    def __init__(self, progress: Any | None) -> None:
+        self._progress = progress
+        self._task: Any = None
+
+    def start(self, description: str, total: int | None) -> None:
+        """A fresh count (a new phase) under ``description``."""
+        if self._progress is None:
+            return
+        if self._task is None:
+            self._task = self._progress.add_task(description, total=total)
+        else:
+            self._progress.reset(self._task, total=total, description=description)
+
+    def advance(self, steps: int = 1) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, steps)
+
+    def set(self, done: int, total: int | None = None) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=done, total=total)
+
+
+@contextmanager
+def progress(quiet: bool = False) -> Iterator[Bar]:
+    """A progress bar on stderr for the duration of the block (a no-op when ``quiet``)."""
+    if quiet:
+        yield Bar(None)
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        yield Bar(bar)
