@@ -1,4 +1,4 @@
-"""Progress bars of the long commands (``evaluate``, ``knn``, ``linear-probe``, ``tune``).
+"""Progress of the long commands (``evaluate``, ``knn``, ``linear-probe``, ``tune``).
 
 The same library as the trainer's bar (rich), drawn on **stderr**, so a JSON or
 CSV result on stdout stays machine-readable; ``--quiet`` turns it off. Off a
@@ -8,11 +8,13 @@ terminal (a log file, CI) rich draws the bar once when it stops.
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["add_quiet_argument", "progress", "Bar"]
+__all__ = ["add_quiet_argument", "progress", "Bar", "StepLog"]
 
 
 def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
@@ -68,3 +70,44 @@ def progress(quiet: bool = False) -> Iterator[Bar]:
     )  # fmt: skip
     with Progress(*columns, console=Console(stderr=True)) as bar:
         yield Bar(bar)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+class StepLog:
+    """Progress of units that run their own trainer (``tune``'s trials and seeds).
+
+    Each run inside draws the trainer's rich bar, and rich allows one live display at
+    a time, so this writes one line per finished unit to stderr instead:
+    ``[tune] gsap search: 3/10 done, 1m05s elapsed, ~2m10s left``. The estimate uses
+    the units done by this process (a resumed command skips finished ones).
+    """
+
+    def __init__(
+        self, command: str, name: str, total: int, done: int = 0, quiet: bool = False
+    ) -> None:
+        self.command, self.name, self.total, self.done = command, name, total, done
+        self.quiet = quiet
+        self._first = done
+        self._start = time.perf_counter()
+
+    def step(self, detail: str = "") -> None:
+        self.done += 1
+        if self.quiet:
+            return
+        elapsed = time.perf_counter() - self._start
+        ran = self.done - self._first
+        left = max(self.total - self.done, 0)
+        eta = f", ~{_duration(elapsed / ran * left)} left" if ran and left else ""
+        extra = f" ({detail})" if detail else ""
+        print(
+            f"[{self.command}] {self.name}: {self.done}/{self.total} done{extra}, "
+            f"{_duration(elapsed)} elapsed{eta}",
+            file=sys.stderr,
+            flush=True,
+        )
