@@ -24,20 +24,18 @@ def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
 
 
 class Bar:
-    """One task of a rich ``Progress`` (or nothing when quiet): ``start``, ``advance``."""
+    """The current task of a rich ``Progress`` (or nothing when quiet): ``start`` a
+    phase, ``advance`` or ``set`` its count."""
 
     def __init__(self, progress: Any | None) -> None:
         self._progress = progress
         self._task: Any = None
 
     def start(self, description: str, total: int | None) -> None:
-        """A fresh count (a new phase) under ``description``."""
-        if self._progress is None:
-            return
-        if self._task is None:
+        """A new phase: a line of its own under ``description``, counting from 0 (the
+        finished phases stay, so the bar drawn off a terminal lists every phase)."""
+        if self._progress is not None:
             self._task = self._progress.add_task(description, total=total)
-        else:
-            self._progress.reset(self._task, total=total, description=description)
 
     def advance(self, steps: int = 1) -> None:
         if self._progress is not None and self._task is not None:

@@ -133,3 +133,20 @@ def test_module_class_precedence(tmp_path):
     )
     Args.module_class = "rl_gap.modules.moco_v3.MoCoV3Module"  # an explicit choice wins
     assert module_class_for(Args, None) == "rl_gap.modules.moco_v3.MoCoV3Module"
+
+
+def test_progress_goes_to_stderr_and_stdout_stays_json(tmp_path, image_folders, capsys):
+    path, _ = _checkpoint(tmp_path, "metric")
+    train_dir, val_dir = image_folders
+    source = ["--checkpoint", str(path), "--data", "imagefolder", "--train-dir", str(train_dir),
+              "--val-dir", str(val_dir), "--image-size", str(SIZE), "--device", "cpu",
+              "--batch-size", "5"]  # fmt: skip
+    assert main(["linear-probe", *source, "--epochs", "3"]) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["num_train"] == 24  # stdout: the JSON object alone
+    assert "train features" in shown.err and "probe epochs" in shown.err and "3/3" in shown.err
+    assert main(["knn", *source, "--k", "3"]) == 0
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["num_bank"] == 24 and "bank features" in shown.err
+    assert main(["knn", *source, "--k", "3", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
