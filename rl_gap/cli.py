@@ -78,7 +78,8 @@ def usage() -> str:
     rows += [f"  {k:<{width}}  {help_text}" for k, (_, help_text) in COMMANDS.items()]
     return (
         "usage: rl-gap COMMAND [options]   (rl-gap COMMAND --help for its options)\n\n"
-        "commands:\n" + "\n".join(rows) + "\n"
+        "commands:\n" + "\n".join(rows) + "\n\n"
+        "--quiet: no progress bar (on a training command: --trainer.enable_progress_bar false)\n"
     )
 
 
@@ -149,8 +150,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if words[1:] in (["--help"], ["-h"]):
         return _training_help(words[0], argv)
+    if "--quiet" in words[1:]:
+        argv = quiet_training_words(words)
+        if sys.argv[1:] == words:  # the console script: LightningCLI reads sys.argv
+            sys.argv[1:], argv = argv, None
     with cached_help(words):
         return run_training_command(argv)
+
+
+def quiet_training_words(words: list[str]) -> list[str]:
+    """``--quiet`` on a training command (``fit``, ``predict``, ...) is
+    ``--trainer.enable_progress_bar false``, as on the other long commands."""
+    return [w for w in words if w != "--quiet"] + ["--trainer.enable_progress_bar", "false"]
 
 
 if __name__ == "__main__":

@@ -81,3 +81,18 @@ def test_knn_help_states_the_temperature_default(capsys, monkeypatch):
         main(["knn", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "vote weight exp(s/T) (default: 0.07)" in text
+
+
+def test_quiet_on_a_training_command_turns_the_trainer_bar_off(monkeypatch):
+    import rl_gap.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "run_training_command", lambda argv: seen.append(argv) or 0)
+    words = ["predict", "--config", "r.yaml", "--quiet", "--ckpt_path", "x.ckpt"]
+    assert cli.main(words) == 0
+    assert seen[-1] == ["predict", "--config", "r.yaml", "--ckpt_path", "x.ckpt",
+                        "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    # the console script: LightningCLI reads sys.argv, so that is where the words change
+    monkeypatch.setattr(sys, "argv", ["rl-gap", *words])
+    assert cli.main() == 0
+    assert seen[-1] is None and sys.argv[1:] == cli.quiet_training_words(words)

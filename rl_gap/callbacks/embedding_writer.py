@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 
 __all__ = ["EmbeddingWriter", "EMBEDDING_KEYS", "merge_parts"]
 
@@ -98,6 +98,14 @@ class EmbeddingWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.output_dir = output_dir
         self._buffers: dict[tuple[int, str], dict[str, list[np.ndarray]]] = {}
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Predict saves no checkpoint: the trainer's ``ModelCheckpoint`` callbacks are
+        dropped before the checkpoint is restored. Restored, they would load the state
+        of the fit's folder into this command's run folder and warn that "the dirpath has
+        changed" on every ``rl-gap predict --ckpt_path``."""
+        if stage == "predict":
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, ModelCheckpoint)]
 
     # ----------------------------------------------------------- collection
     def on_predict_epoch_start(self, trainer, pl_module) -> None:

@@ -33,6 +33,7 @@ from rl_gap.metrics.distractor import distractor_metrics
 from rl_gap.metrics.functional.arguments import check_block_size
 from rl_gap.metrics.functional.sharding import Shard, process_group_shard
 from rl_gap.metrics.functional.suite import check_suite_arguments, evaluate_embeddings
+from rl_gap.metrics.knn import leave_one_out_knn_accuracy
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,10 @@ class RetrievalEvaluation(Callback):
             equal one process's, at ~1/W of the scoring work per rank. False: rank 0
             scores every pair. Distractor-role tasks (``evaluation_roles``) are
             always scored on rank 0.
+        knn_k, knn_temperature: online weighted kNN (``knn_top1``/``knn_top5``): each
+            evaluated item classified by its ``knn_k`` nearest other items of the split
+            (leave-one-out; the split's classes need not be the training classes);
+            ``knn_k=0`` turns it off.
     """
 
     def __init__(
@@ -137,7 +142,14 @@ class RetrievalEvaluation(Callback):
         block_size: int = 2048,
         max_plot_points: int = 2000,
         sharded: bool = True,
+        knn_k: int = 20,
+        knn_temperature: float = 0.07,
     ) -> None:
+        if knn_k < 0 or knn_temperature <= 0:
+            raise ValueError(
+                f"need knn_k >= 0 and knn_temperature > 0, got {knn_k}, {knn_temperature}"
+            )
+        self.knn_k, self.knn_temperature = int(knn_k), float(knn_temperature)
         self.plots = plots
         self.sharded = bool(sharded)
         # checked here, at construction, not after the first training epoch
@@ -241,6 +253,11 @@ class RetrievalEvaluation(Callback):
                         map_at=self.map_at, protocol_seed=self.protocol_seed,
                         block_size=self.block_size, shard=shard,
                     )  # fmt: skip
+                if self.knn_k > 0 and roles is None and trainer.is_global_zero:
+                    knn = leave_one_out_knn_accuracy(
+                        emb, labels, k=self.knn_k, temperature=self.knn_temperature
+                    )
+                    metrics.update({f"knn_{k}": v for k, v in knn.items()})
                 if self.plots and trainer.is_global_zero:
                     shared = self._plot(trainer, state, stage)
                     if shared is not None:  # the histogram's line, as a logged value

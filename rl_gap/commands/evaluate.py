@@ -39,6 +39,7 @@ import torch
 from rl_gap.commands.atomic_output import write_text_atomic
 from rl_gap.commands.labels import encode_labels, load_labels
 from rl_gap.commands.npy_io import load_npy, load_pt
+from rl_gap.commands.progress import Bar, add_quiet_argument, progress
 
 _LAYOUT = (
     "expected .npy (N, dim) / .pt tensor or {'embeddings', 'labels'} dict for embeddings; "
@@ -79,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ceiling", action="store_true", help="skip the consistency ceiling")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the metrics as JSON here")
+    add_quiet_argument(parser)  # the engine's blocks, on stderr
 
 
 def _require(path: str) -> Path:
@@ -207,9 +209,25 @@ def exclude_self_pairs(args: argparse.Namespace, queries, database) -> bool:
     return args.exclude_self
 
 
+def _pass_counter(bar: Bar):
+    """Engine progress -> the bar: one count per counting pass (the protocol's halves
+    and the R@k problem are passes of their own)."""
+    passes = [0]
+
+    def update(done: int, total: int) -> None:
+        if done == 0:
+            passes[0] += 1
+            bar.start(f"engine pass {passes[0]}: blocks", total)
+        else:
+            bar.set(done, total)
+
+    return update
+
+
 def run(args: argparse.Namespace) -> int:
     from rl_gap.metrics.functional import evaluate_embeddings
     from rl_gap.metrics.functional.arguments import check_block_size, check_count
+    from rl_gap.metrics.functional.progress import block_progress
     from rl_gap.metrics.functional.suite import check_suite_arguments
 
     # option errors before any file is read
@@ -222,13 +240,14 @@ def run(args: argparse.Namespace) -> int:
     )
     query_labels, database_labels = _labels(args, queries, database, q_pt_labels, d_pt_labels)
     exclude_self = exclude_self_pairs(args, queries, database)
-    metrics = evaluate_embeddings(
-        queries, database, query_labels, database_labels, exclude_self=exclude_self,
-        ks=tuple(args.ks), precisions=tuple(args.precision), map_at=tuple(args.map_at),
-        ceiling=False if args.no_ceiling else None, protocol=args.protocol,
-        bootstrap=args.bootstrap, block_size=args.block_size, device=args.device, seed=args.seed,
-        normalize=args.normalize,
-    )  # fmt: skip
+    with progress(args.quiet) as bar, block_progress(_pass_counter(bar)):
+        metrics = evaluate_embeddings(
+            queries, database, query_labels, database_labels, exclude_self=exclude_self,
+            ks=tuple(args.ks), precisions=tuple(args.precision), map_at=tuple(args.map_at),
+            ceiling=False if args.no_ceiling else None, protocol=args.protocol,
+            bootstrap=args.bootstrap, block_size=args.block_size, device=args.device,
+            seed=args.seed, normalize=args.normalize,
+        )  # fmt: skip
     if metrics["num_positive_pairs"] == 0:
         raise ValueError(
             "no query has a relevant database item"

@@ -6,12 +6,17 @@
     rl-gap knn --checkpoint runs/.../last.ckpt --config recipes/moco_v3/in1k_vit_s_gsap.yaml \\
         --data-arg train_dir=/data/imagenet/train --data-arg val_dir=/data/imagenet/val
 
+Any module with ``features(images)`` can be evaluated: MoCo v3 (backbone
+features), metric learning (the embedding), CLIP (the image tower's
+embedding). The module class: ``--module-class``, else the one the checkpoint
+records (``rl-gap fit`` stores it), else the recipe's ``model:`` class, else
+MoCo v3.
+
 With ``--config`` the datasets come from the recipe's DataModule (its ``data:``
-section, ``--data-arg KEY=VALUE`` overriding an argument) and the module class
-from its ``model:`` section; the DataModule must provide ``bank_set`` and
-``query_set`` (the MoCo v3 DataModules). Metric-learning DataModules are
-refused: their test classes are disjoint from the training classes, so there
-is nothing to classify them into.
+section, ``--data-arg KEY=VALUE`` overriding an argument); the DataModule must
+provide ``bank_set`` and ``query_set`` (the MoCo v3 DataModules). Metric-learning
+DataModules are refused: their test classes are disjoint from the training
+classes, so there is nothing to classify them into (use ``--data``).
 
 The training images (evaluation transform, no augmentation) form the labelled
 bank, the validation images are classified (Wu et al. 2018; DINO's protocol:
@@ -31,6 +36,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from rl_gap.commands.progress import Bar, add_quiet_argument, progress
 
 DEFAULT_MODULE = "rl_gap.modules.moco_v3.MoCoV3Module"
 BUILT_IN_DATA = ("imagefolder", "mnist5k")
@@ -54,8 +61,8 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--module-class",
         default=None,
-        help="LightningModule class path with a features(images) method "
-        f"(default: the recipe's model class, else {DEFAULT_MODULE})",
+        help="LightningModule class path with a features(images) method (default: the class "
+        f"recorded in the checkpoint, else the recipe's model class, else {DEFAULT_MODULE})",
     )
     parser.add_argument(
         "--data",
@@ -71,6 +78,28 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output", help="also write the JSON result to this file")
+    add_quiet_argument(parser)
+
+
+def checkpoint_module_class(checkpoint: str | Path) -> str | None:
+    """The LightningModule class a checkpoint records, or None.
+
+    ``rl-gap fit`` (LightningCLI, subclass mode) stores it as the hyper-parameter
+    ``_class_path``; the run's config (``checkpoint["rl_gap"]["config"]``) holds it too.
+    The file is memory-mapped: no tensor is read.
+    """
+    try:
+        ckpt = torch.load(str(checkpoint), map_location="cpu", mmap=True, weights_only=True)
+    except Exception:  # an old (non-zip) or non-plain checkpoint: nothing recorded to read
+        return None
+    hparams = ckpt.get("hyper_parameters") or {}
+    if isinstance(hparams.get("_class_path"), str):
+        return hparams["_class_path"]
+    config = (ckpt.get("rl_gap") or {}).get("config") or {}
+    model = config.get("model") if isinstance(config, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("class_path"), str):
+        return model["class_path"]
+    return None
 
 
 def load_module(checkpoint: str | Path, module_class: str = DEFAULT_MODULE, device: str = "cpu"):
@@ -86,6 +115,17 @@ def load_module(checkpoint: str | Path, module_class: str = DEFAULT_MODULE, devi
     if not callable(getattr(module, "features", None)):
         raise ValueError(f"{module_class} has no features(images) method to evaluate")
     return module.to(device).eval()
+
+
+def module_class_for(args: argparse.Namespace, recipe_class: str | None = None) -> str:
+    """``--module-class``, else the checkpoint's recorded class, else the recipe's, else
+    the default (checkpoints written without a record, e.g. by hand)."""
+    return (
+        args.module_class
+        or checkpoint_module_class(args.checkpoint)
+        or recipe_class
+        or DEFAULT_MODULE
+    )
 
 
 def read_recipe(path: str | Path) -> dict[str, Any]:
@@ -162,10 +202,10 @@ def resolve_sources(args: argparse.Namespace) -> tuple[str, tuple[Dataset, Datas
         if args.data is not None:
             raise ValueError("give either --config (a recipe's DataModule) or --data, not both")
         datasets = recipe_datasets(args.config, _data_overrides(args.data_arg))
-        return args.module_class or recipe_module_class(args.config) or DEFAULT_MODULE, datasets
+        return module_class_for(args, recipe_module_class(args.config)), datasets
     if args.data_arg:
         raise ValueError("--data-arg sets a recipe's DataModule argument: it needs --config")
-    return args.module_class or DEFAULT_MODULE, evaluation_datasets(args)
+    return module_class_for(args), evaluation_datasets(args)
 
 
 def evaluation_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset]:
@@ -188,13 +228,22 @@ def evaluation_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset]:
 
 @torch.no_grad()
 def extract_features(
-    module: Any, dataset: Dataset, batch_size: int = 256, num_workers: int = 0, device: str = "cpu"
+    module: Any,
+    dataset: Dataset,
+    batch_size: int = 256,
+    num_workers: int = 0,
+    device: str = "cpu",
+    bar: Bar | None = None,
+    name: str = "features",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Frozen features (N, F) float32 and labels (N,) int64 of a dataset, on ``device``.
 
     They stay there: the kNN vote (a Q x N GEMM) and the linear probe run where the model ran.
+    ``bar``: a progress bar advanced per batch under ``name``.
     """
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    bar = bar or Bar(None)
+    bar.start(name, len(loader))
     feats, labels = [], []
     for batch in loader:
         images, batch_labels = (
@@ -202,6 +251,7 @@ def extract_features(
         )
         feats.append(module.features(images.to(device)).float())
         labels.append(torch.as_tensor(batch_labels).long().to(device))
+        bar.advance()
     if not feats:
         raise ValueError("the dataset is empty: no features to extract")
     return torch.cat(feats), torch.cat(labels)
@@ -238,14 +288,16 @@ def run(args: argparse.Namespace) -> int:
             f"--k {too_large} exceeds the bank ({len(bank_set)} training images): "
             f"use k <= {len(bank_set)}"
         )
-    bank, bank_labels = extract_features(
-        module, bank_set, args.batch_size, args.num_workers, args.device
-    )
-    queries, query_labels = extract_features(
-        module, query_set, args.batch_size, args.num_workers, args.device
-    )
+    with progress(args.quiet) as bar:
+        bank, bank_labels = extract_features(
+            module, bank_set, args.batch_size, args.num_workers, args.device, bar, "bank features"
+        )
+        queries, query_labels = extract_features(
+            module, query_set, args.batch_size, args.num_workers, args.device, bar, "query features"
+        )
     result: dict[str, Any] = {
         "checkpoint": str(args.checkpoint),
+        "module_class": module_class,
         "num_bank": int(bank.shape[0]),
         "num_queries": int(queries.shape[0]),
         "temperature": args.temperature,

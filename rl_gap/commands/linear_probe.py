@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from rl_gap.commands.knn import (
     load_module,
     resolve_sources,
 )
+from rl_gap.commands.progress import progress
 from rl_gap.optim import check_optimizer_settings
 
 
@@ -64,6 +66,7 @@ def train_linear_probe(
     standardize: bool = True,
     num_classes: int | None = None,
     seed: int = 0,
+    on_epoch: Callable[[], None] | None = None,
 ) -> LinearProbeResult:
     """Fit ``nn.Linear`` by minibatch SGD on mean cross-entropy + (wd/2)·‖W‖².
 
@@ -75,6 +78,7 @@ def train_linear_probe(
         standardize: subtract the training mean and divide by the training std.
         num_classes: C (default: largest label + 1).
         seed: initialisation and shuffling seed.
+        on_epoch: called after every epoch (a progress bar).
 
     Returns:
         :class:`LinearProbeResult` with ``metrics`` = val top-1/top-5, train top-1.
@@ -95,7 +99,7 @@ def train_linear_probe(
         std = torch.ones(x.shape[1], device=x.device)
     x = (x - mean) / std
     sgd = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
-    probe = _fit_probe(x, y, num_classes, epochs, batch_size, sgd, seed)
+    probe = _fit_probe(x, y, num_classes, epochs, batch_size, sgd, seed, on_epoch)
     from rl_gap.metrics.knn import topk_accuracy  # torchmetrics: not needed for --help
 
     result = LinearProbeResult(
@@ -126,7 +130,7 @@ def _check_probe_inputs(train_features, train_labels, val_features, val_labels, 
 
 def _fit_probe(
     x: torch.Tensor, y: torch.Tensor, num_classes: int, epochs: int, batch_size: int,
-    sgd: dict[str, float], seed: int,
+    sgd: dict[str, float], seed: int, on_epoch: Callable[[], None] | None = None,
 ) -> nn.Linear:  # fmt: skip
     """SGD (cosine learning rate to 0, no weight decay on the bias) of a linear layer on
     standardised features ``x``."""
@@ -160,6 +164,8 @@ def _fit_probe(
             loss.backward()
             optimizer.step()
             schedule.step()
+        if on_epoch is not None:
+            on_epoch()
     return probe
 
 
@@ -182,21 +188,26 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{option} must be >= 1, got {value}")
     module_class, (train_set, val_set) = resolve_sources(args)
     module = load_module(args.checkpoint, module_class, args.device)
-    train = extract_features(module, train_set, args.batch_size, args.num_workers, args.device)
-    val = extract_features(module, val_set, args.batch_size, args.num_workers, args.device)
-    result = train_linear_probe(
-        *train,
-        *val,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.probe_batch_size,
-        weight_decay=args.weight_decay,
-        standardize=not args.no_standardize,
-        seed=args.seed,
-    )
+    loader = (args.batch_size, args.num_workers, args.device)
+    with progress(args.quiet) as bar:
+        train = extract_features(module, train_set, *loader, bar, "train features")
+        val = extract_features(module, val_set, *loader, bar, "val features")
+        bar.start("probe epochs", args.epochs)
+        result = train_linear_probe(
+            *train,
+            *val,
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=args.probe_batch_size,
+            weight_decay=args.weight_decay,
+            standardize=not args.no_standardize,
+            seed=args.seed,
+            on_epoch=bar.advance,
+        )
     emit(
         {
             "checkpoint": str(args.checkpoint),
+            "module_class": module_class,
             "num_train": int(train[0].shape[0]),
             "num_val": int(val[0].shape[0]),
             **result.metrics,

@@ -54,6 +54,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rl_gap.commands.progress import StepLog, add_quiet_argument
 from rl_gap.experiments.runner import METRICS, Runner, recipe_loss
 from rl_gap.experiments.tables import (
     RANKING_RULE,
@@ -111,6 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--wandb", choices=("auto", "online", "offline", "off"), default="auto",
         help="W&B logging of every run, grouped by --name (auto: offline without an API key)",
     )  # fmt: skip
+    add_quiet_argument(parser)  # one stderr line per finished trial / seed
 
 
 def loss_takes_temperature(loss: str) -> bool:
@@ -215,6 +217,8 @@ def search(
     if dead:
         print(f"[tune] {label}: trial(s) {dead} were left running by a worker that is gone; "
               "marked failed, running them again")  # fmt: skip
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    steps = StepLog("tune", f"{label} search", args.n_trials, min(done, args.n_trials), args.quiet)
     while len(study.get_trials(deepcopy=False, states=taken)) < args.n_trials:
         # trial k sees a sampler seeded by (seed, k), k counting the trials that were not
         # failed: the same trials whether or not the study was interrupted and resumed
@@ -224,6 +228,10 @@ def search(
             seed=args.seed * 1000 + k, n_startup_trials=args.startup_trials
         )
         study.optimize(objective, n_trials=1)
+        last = study.trials[-1]
+        steps.step(
+            f"trial {last.number}: val gAP {last.value:.4f}" if last.value is not None else ""
+        )
     return best_of(study_name, storage)
 
 
@@ -263,6 +271,7 @@ def final(
         overrides += ["--model.init_args.loss.temperature", repr(best["temperature"])]
     overrides += shlex.split(args.final_overrides)
     rows = []
+    steps = StepLog("tune", f"{label} final seeds", args.num_seeds, quiet=args.quiet)
     for i in range(args.num_seeds):
         seed = args.seed + i
         # the folder names the trial whose params it trains: more trials later, a new best,
@@ -270,6 +279,7 @@ def final(
         run_dir = out / "final" / label / f"trial_{best['trial']}" / f"seed_{seed}"
         metrics = runner.run(recipe, run_dir, seed, overrides, job_type="final")
         rows.append({"loss": label, "trial": best["trial"], "seed": seed, **metric_row(metrics)})
+        steps.step(f"seed {seed}: gAP {metrics['val/gap']:.4f}")
     return rows
 
 

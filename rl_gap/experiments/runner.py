@@ -44,6 +44,8 @@ METRICS: dict[str, str] = {
     "R@P90": "protocol_r@p90",
     "F1g": "protocol_f1g",
     "F1q": "protocol_f1q",
+    "MAP@R": "map@r",  # pytorch-metric-learning's MAP@R and R-precision
+    "R-prec": "r_precision",
 }
 
 

@@ -2,7 +2,8 @@
 
 A *row* is one run: a dict of settings (``loss``, ``seed``, ``alpha``, ...)
 and metric values in [0, 1] under the table names of
-:data:`rl_gap.experiments.runner.METRICS` (gAP, mAP, R@1, R@P90, F1g, F1q).
+:data:`rl_gap.experiments.runner.METRICS` (gAP, mAP, R@1, R@P90, F1g, F1q, MAP@R,
+R-prec); a row without a metric (an older run) counts it as NaN.
 :func:`aggregate` groups rows by settings and reports, per metric, the mean
 and the sample standard deviation (``ddof=1``; 0 for a single run) over seeds.
 Tables show percentages with two decimals.
@@ -54,7 +55,9 @@ def aggregate(
     for key, members in groups.items():
         agg: dict[str, Any] = dict(zip(by, key))
         for m in metrics:
-            agg[f"{m}_mean"], agg[f"{m}_std"] = mean_std([float(r[m]) for r in members])
+            agg[f"{m}_mean"], agg[f"{m}_std"] = mean_std(
+                [float(r.get(m, math.nan)) for r in members]
+            )
         agg["n"] = len(members)
         out.append(agg)
     return out

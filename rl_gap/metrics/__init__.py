@@ -17,7 +17,9 @@ _EXPORTS = by_module(
         ".knn": ("WeightedKNNAccuracy",),
         ".retrieval": (
             "GlobalAP",
+            "MAPAtR",
             "MeanAP",
+            "RPrecision",
             "RecallAtK",
             "RecallAtPrecision",
             "RetrievalMetrics",
@@ -33,10 +35,12 @@ if TYPE_CHECKING:  # the same names, for type checkers (__all__ is built above)
     from rl_gap.metrics.knn import WeightedKNNAccuracy
     from rl_gap.metrics.retrieval import (
         GlobalAP,
+        MAPAtR,
         MeanAP,
         RecallAtK,
         RecallAtPrecision,
         RetrievalMetrics,
+        RPrecision,
         ThresholdProtocol,
     )
     from rl_gap.metrics.tail import TailExtrapolatedMAP

@@ -46,6 +46,7 @@ def weighted_knn_scores(
     k: int = 20,
     temperature: float = 0.07,
     chunk_size: int = 1024,
+    exclude_self: bool = False,
 ) -> torch.Tensor:
     """Per-class weighted votes of each query's k nearest bank items.
 
@@ -57,6 +58,8 @@ def weighted_knn_scores(
         k: neighbours per query (clamped to N).
         temperature: T in the vote weight exp(cos / T).
         chunk_size: queries scored at once (memory chunk × N).
+        exclude_self: the queries are the bank rows (Q = N, same order): query i
+            never votes for itself (leave-one-out; k clamped to N - 1).
 
     Returns:
         (Q, C) votes in the dtype of the features.
@@ -72,7 +75,14 @@ def weighted_knn_scores(
         raise ValueError(f"need k >= 1 and temperature > 0, got k={k}, temperature={temperature}")
     if bank_labels.min() < 0 or bank_labels.max() >= num_classes:
         raise ValueError(f"bank labels must lie in [0, {num_classes}), got {bank_labels.unique()}")
-    k = min(k, bank_features.shape[0])
+    if exclude_self and query_features.shape[0] != bank_features.shape[0]:
+        raise ValueError(
+            f"exclude_self needs the queries to be the bank rows, got {query_features.shape[0]} "
+            f"queries and {bank_features.shape[0]} bank items"
+        )
+    k = min(k, bank_features.shape[0] - int(exclude_self))
+    if k < 1:
+        raise ValueError("leave-one-out kNN needs at least 2 items")
     if bank_features.dtype in (torch.float16, torch.bfloat16):
         bank_features = bank_features.float()  # score half-precision features in float32
     bank = F.normalize(bank_features, dim=1)
@@ -81,7 +91,11 @@ def weighted_knn_scores(
     for start in range(0, query_features.shape[0], chunk_size):
         queries = F.normalize(query_features[start : start + chunk_size].to(bank), dim=1)
         with autocast_disabled(bank):  # rank float32 similarities under autocast too
-            sims, idx = (queries @ bank.T).topk(k, dim=1)
+            sims = queries @ bank.T
+            if exclude_self:
+                rows = torch.arange(sims.shape[0], device=sims.device)
+                sims[rows, rows + start] = float("-inf")
+            sims, idx = sims.topk(k, dim=1)
         weights = (sims / temperature).exp()
         votes = torch.zeros(queries.shape[0], num_classes, dtype=bank.dtype, device=bank.device)
         votes.scatter_add_(1, labels[idx], weights)
@@ -107,6 +121,30 @@ def weighted_knn_accuracy(
         query_features, bank_features, bank_labels, num_classes, k=k, temperature=temperature
     )
     return topk_accuracy(votes, query_labels.to(votes.device), top_k)
+
+
+def leave_one_out_knn_accuracy(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    k: int = 20,
+    temperature: float = 0.07,
+    top_k: tuple[int, ...] = (1, 5),
+) -> dict[str, float]:
+    """Weighted kNN accuracy of a labelled set classifying itself, each item by its k
+    nearest *other* items: the online kNN of a split whose classes are not the
+    training classes (metric-learning test splits, zero-shot images).
+
+    Args:
+        features: (N, D) float features; labels: (N,) integer classes.
+    """
+    _check_features("query", features, labels)
+    # any integer ids (negative, sparse): votes over the classes present only
+    classes, labels = torch.unique(labels, return_inverse=True)
+    votes = weighted_knn_scores(
+        features, features, labels, classes.numel(), k=k, temperature=temperature,
+        exclude_self=True,
+    )  # fmt: skip
+    return topk_accuracy(votes, labels.to(votes.device), top_k)
 
 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, top_k=(1, 5)) -> dict[str, float]:

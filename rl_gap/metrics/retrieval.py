@@ -7,7 +7,7 @@ States are the *embeddings and labels* (list states, concatenated across
 Sharing one pass: ``RetrievalMetrics`` computes every metric of the suite in
 one engine pass and returns a dict (log it with ``self.log_dict``); the
 single-value classes (``GlobalAP``, ``MeanAP``, ``RecallAtK``,
-``RecallAtPrecision``, ``ThresholdProtocol``) are convenient views that each
+``RecallAtPrecision``, ``MAPAtR``, ``RPrecision``, ``ThresholdProtocol``) are convenient views that each
 run their own pass. Prefer one ``RetrievalMetrics`` when you want several.
 
 Two layouts:
@@ -40,6 +40,8 @@ __all__ = [
     "MeanAP",
     "RecallAtK",
     "RecallAtPrecision",
+    "MAPAtR",
+    "RPrecision",
     "ThresholdProtocol",
 ]
 
@@ -224,6 +226,27 @@ class RecallAtPrecision(_SingleRetrievalMetric):
         precision = check_precision(precision)
         super().__init__(leave_one_out, ks=(), precisions=(precision,), **kwargs)
         self.key = f"r@p{precision_tag(precision)}"
+
+
+class MAPAtR(_SingleRetrievalMetric):
+    """MAP@R (pytorch-metric-learning's ``mean_average_precision_at_r``): per query
+    with R positives, the precision-weighted hits of its top R over R; queries with
+    R = 0 skipped (docs/definitions.md for the tie rule)."""
+
+    key = "map@r"
+
+    def __init__(self, leave_one_out: bool = True, **kwargs) -> None:
+        super().__init__(leave_one_out, ks=(), precisions=(), **kwargs)
+
+
+class RPrecision(_SingleRetrievalMetric):
+    """R-precision: per query with R positives, the share of positives in its top R;
+    queries with R = 0 skipped."""
+
+    key = "r_precision"
+
+    def __init__(self, leave_one_out: bool = True, **kwargs) -> None:
+        super().__init__(leave_one_out, ks=(), precisions=(), **kwargs)
 
 
 class ThresholdProtocol(RetrievalMetrics):

@@ -22,6 +22,7 @@ from rl_gap import dist
 from rl_gap.data.image_text import RETRIEVAL_IMAGES, RETRIEVAL_TEXTS, ZERO_SHOT
 from rl_gap.metrics.functional import evaluate_embeddings
 from rl_gap.metrics.functional.sharding import Shard, process_group_shard
+from rl_gap.metrics.knn import leave_one_out_knn_accuracy
 from rl_gap.metrics.zero_shot import zero_shot_accuracy
 from rl_gap.models.clip import CLIPEncoder
 from rl_gap.modules.base import RankingModule, compile_in_place
@@ -152,6 +153,21 @@ class CLIPFineTuneModule(RankingModule):
 
     def encode_text(self, text: torch.Tensor | list[str]) -> torch.Tensor:
         return self.clip.encode_text(self.tokens(text))
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """Frozen-feature evaluation input (``rl-gap knn`` / ``linear-probe``, online
+        kNN): the image tower's unit-norm embedding (B, E), the vector zero-shot and
+        retrieval score."""
+        return self.encode_image(images)
+
+    @staticmethod
+    def online_knn(features: torch.Tensor, labels: torch.Tensor, prefix: str) -> dict[str, float]:
+        """Leave-one-out weighted kNN (k = 20, T = 0.07) of a zero-shot set's image
+        features: ``{prefix}knn_top1`` / ``knn_top5`` next to the zero-shot accuracy."""
+        if features.shape[0] < 2:
+            return {}
+        out = leave_one_out_knn_accuracy(features, labels)
+        return {f"{prefix}knn_{key}": value for key, value in out.items()}
 
     def batch_rows(self, batch: dict[str, Any]) -> int:
         for key in ("image", "text", "group"):
@@ -300,6 +316,7 @@ class CLIPFineTuneModule(RankingModule):
                 scores = full_precision_similarity(emb, classifier.to(emb.device))
                 for key, value in zero_shot_accuracy(scores, labels).items():
                     metrics[f"{stage}/{name}/zs_{key}"] = value
+                metrics.update(self.online_knn(emb, labels, f"{stage}/{name}/"))
             else:
                 raise ValueError(
                     f"evaluation dataset {idx} ({type(dataset).__name__}) has no eval_role; "

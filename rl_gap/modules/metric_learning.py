@@ -89,6 +89,12 @@ class MetricLearningModule(RankingModule):
         """(B, C, H, W) images -> (B, dim) unit-norm embeddings."""
         return self.encoder(images)
 
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """Frozen-feature evaluation input (``rl-gap knn`` / ``linear-probe``, the online
+        kNN of :class:`~rl_gap.callbacks.RetrievalEvaluation`): the unit-norm embedding
+        (B, dim) that the loss ranks and retrieval scores."""
+        return self(images)
+
     def global_similarity(
         self, batch: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -1,7 +1,7 @@
 """The trainer's parts that ``rl-gap fit|...`` adds to a recipe's (plain helpers of the CLI).
 
 - :func:`default_callbacks`: a rich progress bar, a learning-rate monitor, checkpoints in
-  ``<run>/checkpoints`` with ``last.ckpt`` kept, throughput keys ``perf/*`` and the
+  ``<run>/checkpoints`` with ``last.ckpt`` kept, throughput (``rl_gap.callbacks.speed``) and the
   validation-schedule check, each unless the recipe lists its own;
 - :func:`with_atomic_checkpoint_io`: checkpoints written atomically
   (:class:`~rl_gap.training.checkpoint_io.AtomicCheckpointIO`);
@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from rl_gap.callbacks.speed import TrainingSpeed
+from rl_gap.callbacks.speed import TrainingSpeed, throughput_callbacks
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.schedule_check import ValidationScheduleCheck
 
@@ -68,6 +68,6 @@ def default_callbacks(config: dict[str, Any], root: Path) -> list[Callback]:
     if config.get("enable_checkpointing") is not False and not checkpoints:
         given.append(ModelCheckpoint(dirpath=str(root / "checkpoints"), save_last=True))
     if config.get("logger") and not any(isinstance(c, TrainingSpeed) for c in given):
-        given.append(TrainingSpeed())
+        given.extend(throughput_callbacks())
     given.append(ValidationScheduleCheck())
     return given

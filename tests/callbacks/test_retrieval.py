@@ -151,3 +151,54 @@ def test_query_subset_map_and_recall_over_every_item():
     assert metrics["map"] == pytest.approx(np.mean(aps), abs=1e-12)
     assert metrics["r@1"] == pytest.approx(np.mean(hits), abs=1e-12)
     assert metrics["num_queries"] == 6 and metrics["num_recall_queries"] == 30
+
+
+class _OneProcess:
+    def broadcast(self, obj, src: int = 0):
+        return obj
+
+
+def test_callback_logs_map_at_r_and_r_precision_as_brute_force():
+    from rl_gap.callbacks.retrieval import RetrievalEvaluation
+    from tests.metrics.functional.test_map_at_r import brute_force
+
+    g = torch.Generator().manual_seed(4)
+    embeddings = torch.randint(-2, 3, (30, 3), generator=g).float()  # exact, tied scores
+    labels = torch.randint(0, 5, (30,), generator=g)
+    callback = RetrievalEvaluation(plots=False, map_at=())
+    callback._collect({"embeddings": embeddings, "labels": labels, "indices": torch.arange(30)})
+    trainer = SimpleNamespace(
+        is_global_zero=True, strategy=_OneProcess(), datamodule=None, world_size=1
+    )
+    logged = {}
+    module = SimpleNamespace(
+        device=torch.device("cpu"), log=lambda k, v, **_: logged.update({k: v})
+    )
+    callback._evaluate(trainer, module, "val")
+    scores = (embeddings.double() @ embeddings.double().T).numpy()
+    rel = (labels[:, None] == labels[None, :]).numpy()
+    want_map, want_rp, _ = brute_force(scores, rel, ~torch.eye(30, dtype=torch.bool).numpy())
+    assert logged["val/map@r"] == pytest.approx(want_map, abs=1e-12)
+    assert logged["val/r_precision"] == pytest.approx(want_rp, abs=1e-12)
+
+
+def test_callback_logs_the_online_leave_one_out_knn():
+    from rl_gap.callbacks.retrieval import RetrievalEvaluation
+    from tests.metrics.test_knn import loo_knn_reference
+
+    g = torch.Generator().manual_seed(5)
+    embeddings = torch.randn(40, 6, generator=g)  # continuous: no tie at the k-th neighbour
+    labels = torch.randint(0, 4, (40,), generator=g)
+    callback = RetrievalEvaluation(plots=False, map_at=(), knn_k=7)
+    callback._collect({"embeddings": embeddings, "labels": labels, "indices": torch.arange(40)})
+    trainer = SimpleNamespace(
+        is_global_zero=True, strategy=_OneProcess(), datamodule=None, world_size=1
+    )
+    logged = {}
+    module = SimpleNamespace(
+        device=torch.device("cpu"), log=lambda k, v, **_: logged.update({k: v})
+    )
+    callback._evaluate(trainer, module, "val")
+    knn = loo_knn_reference(embeddings, labels, 7, 0.07, tops=(1, 5))
+    assert logged["val/knn_top1"] == pytest.approx(knn["top1"], abs=1e-12)
+    assert logged["val/knn_top5"] == pytest.approx(knn["top5"], abs=1e-12)

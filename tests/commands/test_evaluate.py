@@ -352,3 +352,28 @@ def test_normalize_matches_normalising_the_files_first(tmp_path, leave_one_out):
             ranks = (s[None, :] >= s[r][:, None]).sum(1).double()
             aps.append(float((torch.arange(1, int(r.sum()) + 1) / ranks.sort().values).mean()))
     assert cosine["map"] == pytest.approx(np.mean(aps), abs=1e-6)
+
+
+def test_map_at_r_in_the_output_and_progress_only_on_stderr(tmp_path, capsys):
+    from tests.metrics.functional.test_map_at_r import brute_force
+
+    q, d, ql, dl = _data(3)  # dyadic: exact, tied scores
+    np.save(tmp_path / "q.npy", q.numpy())
+    np.save(tmp_path / "d.npy", d.numpy())
+    np.save(tmp_path / "ql.npy", ql.numpy())
+    np.save(tmp_path / "dl.npy", dl.numpy())
+    out = tmp_path / "metrics.json"
+    argv = ["evaluate", "--queries", str(tmp_path / "q.npy"), "--database", str(tmp_path / "d.npy"),
+            "--query-labels", str(tmp_path / "ql.npy"), "--database-labels",
+            str(tmp_path / "dl.npy"), "--block-size", "8", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    got = json.loads(out.read_text())
+    scores = (q.double() @ d.double().T).numpy()
+    want_map, want_rp, _ = brute_force(scores, (ql[:, None] == dl[None, :]).numpy())
+    assert got["map@r"] == pytest.approx(want_map, abs=1e-12)
+    assert got["r_precision"] == pytest.approx(want_rp, abs=1e-12)
+    shown = capsys.readouterr()
+    assert "map@r" in shown.out and "engine pass 1: blocks" in shown.err
+    assert "blocks" not in shown.out  # the bar never mixes into the printed table
+    assert main([*argv, "--quiet"]) == 0
+    assert "blocks" not in capsys.readouterr().err

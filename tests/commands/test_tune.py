@@ -89,16 +89,21 @@ def test_tune_table_is_mean_std_of_final_runs_and_reproducible(tmp_path, monkeyp
         _tune(out, "--final-overrides", "--trainer.limit_val_batches 2")
 
 
-def test_same_command_same_table_and_resume_adds_only_missing_trials(tmp_path):
+def test_same_command_same_table_and_resume_adds_only_missing_trials(tmp_path, capsys):
     one = ("--n-trials", "1", "--num-seeds", "1")
     _tune(tmp_path / "a", *one)
-    _tune(tmp_path / "b", *one)
+    err = capsys.readouterr().err  # progress: one stderr line per finished trial and seed
+    assert "[tune] gsap search: 1/1 done (trial 0: val gAP" in err
+    assert "[tune] gsap final seeds: 1/1 done (seed 0: gAP" in err
+    _tune(tmp_path / "b", *one, "--quiet")
+    assert "[tune]" not in capsys.readouterr().err
     a, b = (tmp_path / d / "results.csv" for d in "ab")
     assert a.read_text() == b.read_text() and len(a.read_text().splitlines()) == 2
     out = tmp_path / "a"
     first = out / "trials" / "gsap" / "trial_0" / "result.json"
     stamp = first.stat().st_mtime_ns
     _tune(out, "--n-trials", "2", "--stage", "search")
+    assert "[tune] gsap search: 2/2 done (trial 1" in capsys.readouterr().err  # resumed at 1/2
     study = optuna.load_study(study_name="tune:gsap", storage=f"sqlite:///{out / 'optuna.db'}")
     assert len(study.trials) == 2 and first.stat().st_mtime_ns == stamp
     assert json.loads((out / "trials/gsap/trial_1/result.json").read_text())["seed"] == 0

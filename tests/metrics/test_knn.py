@@ -99,3 +99,35 @@ def test_knn_votes_under_autocast_are_float32_votes():
         votes = weighted_knn_scores(queries, bank, bank_labels, 5, k=10, temperature=0.07)
     assert votes.dtype == torch.float32
     torch.testing.assert_close(votes.double(), ref, rtol=1e-5, atol=0)
+
+
+def loo_knn_reference(x, labels, k, temperature, tops=(1, 2)) -> dict[str, float]:
+    """Leave-one-out weighted kNN by a float64 Python loop (class ties: smaller id first)."""
+    x = x.double()
+    unit = x / x.norm(dim=1, keepdim=True)
+    classes = sorted(set(labels.tolist()))
+    n = x.shape[0]
+    hits = dict.fromkeys(tops, 0)
+    for i in range(n):
+        sims = sorted(((float(unit[i] @ unit[j]), j) for j in range(n) if j != i), reverse=True)
+        votes = dict.fromkeys(classes, 0.0)
+        for s, j in sims[:k]:
+            votes[int(labels[j])] += math.exp(s / temperature)
+        ranked = sorted(classes, key=lambda c: (-votes[c], c))
+        for t in tops:
+            hits[t] += int(labels[i]) in ranked[:t]
+    return {f"top{t}": hits[t] / n for t in tops}
+
+
+@pytest.mark.parametrize("k", [1, 3, 50])
+def test_leave_one_out_knn_equals_a_python_loop(k):
+    from rl_gap.metrics.knn import leave_one_out_knn_accuracy
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(23, 5, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 4, (23,), generator=g) * 7 - 3  # sparse, negative ids
+    want = loo_knn_reference(x, labels, k, 0.1)
+    out = leave_one_out_knn_accuracy(x, labels, k=k, temperature=0.1, top_k=(1, 2))
+    assert out == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match="at least 2 items"):
+        leave_one_out_knn_accuracy(x[:1], labels[:1])

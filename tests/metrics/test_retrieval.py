@@ -12,10 +12,12 @@ import torch.multiprocessing as mp
 
 from rl_gap.metrics import (
     GlobalAP,
+    MAPAtR,
     MeanAP,
     RecallAtK,
     RecallAtPrecision,
     RetrievalMetrics,
+    RPrecision,
     ThresholdProtocol,
 )
 from rl_gap.metrics.functional import evaluate_embeddings
@@ -59,6 +61,25 @@ def _kwargs(metric):
     if isinstance(metric, RecallAtPrecision):
         return {"precision": 0.5}
     return {}
+
+
+def test_map_at_r_and_r_precision_classes_equal_brute_force():
+    from tests.metrics.functional.test_map_at_r import brute_force
+
+    x, labels = _data(seed=2)  # dyadic: exact, heavily tied scores
+    labels[0] = 99  # a query without positives
+    scores = (x @ x.T).numpy()
+    rel = (labels[:, None] == labels[None, :]).numpy()
+    want_map, want_rp, _ = brute_force(scores, rel, ~torch.eye(96, dtype=torch.bool).numpy())
+    for metric, want in ((MAPAtR(), want_map), (RPrecision(), want_rp)):
+        for chunk in torch.arange(96).split(30):
+            metric.update(x[chunk], labels[chunk])
+        assert float(metric.compute()) == pytest.approx(want, abs=1e-12)
+    suite = RetrievalMetrics()
+    suite.update(x, labels)
+    out = suite.compute()
+    assert float(out["map@r"]) == pytest.approx(want_map, abs=1e-12)
+    assert float(out["r_precision"]) == pytest.approx(want_rp, abs=1e-12)
 
 
 def test_separate_sets_and_dict_output():

@@ -98,6 +98,12 @@ def test_outputs_csv_wandb_offline_checkpoints(run_dir, capsys, monkeypatch):
     )
     assert (root / "wandb_id").is_file()
     assert (root / "checkpoints" / "last.ckpt").is_file()
+    # what rl-gap knn / linear-probe read to load the right module class
+    from rl_gap.commands.knn import checkpoint_module_class
+
+    recorded = checkpoint_module_class(root / "checkpoints" / "last.ckpt")
+    assert recorded == "rl_gap.modules.MetricLearningModule"  # as the recipe names it
+    assert 0 <= float(metrics["val/knn_top1"]) <= 1 and 0 < float(metrics["val/map@r"]) < 1
     offline = list((root / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, "W&B must run offline inside the run folder"
     out = capsys.readouterr().out

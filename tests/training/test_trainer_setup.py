@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import (
+    LearningRateMonitor,
+    ModelCheckpoint,
+    RichProgressBar,
+    ThroughputMonitor,
+)
 
-from rl_gap.callbacks.speed import TrainingSpeed
+from rl_gap.callbacks.speed import StepFlops, TrainingSpeed
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO
 from rl_gap.training.schedule_check import ValidationScheduleCheck
 from rl_gap.training.trainer_setup import (
@@ -37,8 +42,8 @@ def test_default_callbacks_fill_what_the_recipe_left_out(tmp_path):
     added = default_callbacks({"logger": True}, tmp_path)
     kinds = [type(c) for c in added]
     assert kinds == [
-        RichProgressBar, LearningRateMonitor, ModelCheckpoint, TrainingSpeed,
-        ValidationScheduleCheck,
+        RichProgressBar, LearningRateMonitor, ModelCheckpoint, StepFlops, ThroughputMonitor,
+        TrainingSpeed, ValidationScheduleCheck,
     ]  # fmt: skip
     (checkpoint,) = [c for c in added if isinstance(c, ModelCheckpoint)]
     assert checkpoint.dirpath == str(tmp_path / "checkpoints") and checkpoint.save_last

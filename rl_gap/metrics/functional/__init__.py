@@ -1,6 +1,7 @@
 """Exact retrieval metrics as functions of tensors (no Lightning).
 
 - ``global_ap``, ``mean_ap``, ``recall_at_k``, ``recall_at_precision``,
+  ``map_at_r``, ``r_precision``,
   ``global_f1``, ``per_query_f1``: on a materialised ``(scores, rel, valid)``.
 - ``evaluate_embeddings``: every metric from embeddings and labels in one pass
   over GEMM blocks, never building the Q x D matrix.
@@ -21,8 +22,10 @@ from rl_gap.metrics.functional.retrieval import (
     consistency_ceiling,
     global_ap,
     global_f1,
+    map_at_r,
     mean_ap,
     per_query_f1,
+    r_precision,
     recall_at_k,
     recall_at_precision,
     threshold_protocol,
@@ -55,8 +58,10 @@ __all__ = [
     "protocol_halves",
     "global_ap",
     "global_f1",
+    "map_at_r",
     "mean_ap",
     "per_query_f1",
+    "r_precision",
     "recall_at_k",
     "recall_at_precision",
     "state_from_scores",

@@ -37,6 +37,7 @@ from rl_gap.metrics.functional.engine_inputs import (
     relevant_pairs_from_fn,
 )
 from rl_gap.metrics.functional.engine_plan import Plan, plan_problem
+from rl_gap.metrics.functional.progress import report_blocks
 from rl_gap.metrics.functional.sharding import Shard, merge_sum
 from rl_gap.metrics.functional.state import (
     RetrievalState,
@@ -289,10 +290,13 @@ def count_negatives(
         grid, offsets, pos_grid_index, compact_group.to(plan.device), used.numel(), counts.knots
     )
     n_col_blocks = len(plan.col_blocks)
-    for rb, cb in _block_visits(plan):
+    visits = _block_visits(plan)
+    report_blocks(0, len(visits))
+    for done, (rb, cb) in enumerate(visits, 1):
         bid = rb * n_col_blocks + cb
         if shard is None or shard.owns(bid):
             _count_block(plan, scorer, positives, counter, rb, cb)
+        report_blocks(done, len(visits))
     if shard is not None:
         counter.merge(shard)
     counts.pos_neg_ge, used_neg_ge, counts.boot = counter.finish()

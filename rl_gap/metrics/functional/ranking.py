@@ -22,6 +22,9 @@ __all__ = [
     "recall_at_precision_from_state",
     "global_f1_from_state",
     "per_query_f1_from_state",
+    "per_query_r_metrics",
+    "map_at_r_from_state",
+    "r_precision_from_state",
     "query_mask_for_groups",
 ]
 
@@ -173,3 +176,54 @@ def per_query_f1_from_state(state: RetrievalState, query_mask: Tensor | None = N
     if query_mask is not None:
         has_pos = has_pos & query_mask
     return _mean_over(best, has_pos)
+
+
+def per_query_r_metrics(state: RetrievalState) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-query MAP@R and R-precision (pytorch-metric-learning's definitions).
+
+    R = the query's number of (valid) positives. Its ranking is cut at R with the
+    engine's pessimistic tie order, the one R@k uses: a tie group's negatives rank
+    before its positives. The positive j-th by score (j = 1..R, tied positives take
+    consecutive places) then sits at position ``pos_neg_ge + j``; it counts if that is
+    <= R, with precision j / position. MAP@R = (1/R) Σ of those precisions,
+    R-precision = (number counted) / R (docs/definitions.md).
+
+    Returns:
+        ``(map_at_r, r_precision, has_pos)``: (Q,) float64 (NaN without positives)
+        and the (Q,) bool mask of queries with R >= 1.
+    """
+    num_pos = state.num_positives
+    has_pos = num_pos > 0
+    first = torch.cumsum(num_pos, 0) - num_pos
+    # positives are stored by query, then by decreasing score: j is the place among them
+    j = torch.arange(state.pos_query.numel(), device=num_pos.device) - first[state.pos_query] + 1
+    position = state.pos_neg_ge + j
+    inside = position <= num_pos[state.pos_query]
+    precision = torch.where(inside, j.double() / position.double(), torch.zeros_like(j.double()))
+    map_sum = torch.zeros(state.num_queries, dtype=torch.float64, device=num_pos.device)
+    map_sum.index_add_(0, state.pos_query, precision)
+    hits = torch.zeros(state.num_queries, dtype=torch.float64, device=num_pos.device)
+    hits.index_add_(0, state.pos_query, inside.double())
+    r = num_pos.double().clamp(min=1)
+    nan = torch.full_like(map_sum, _NAN)
+    return (
+        torch.where(has_pos, map_sum / r, nan),
+        torch.where(has_pos, hits / r, nan),
+        has_pos,
+    )
+
+
+def map_at_r_from_state(state: RetrievalState, query_mask: Tensor | None = None) -> Tensor:
+    """MAP@R over queries with >= 1 positive (NaN if none); see ``per_query_r_metrics``."""
+    value, _, has_pos = per_query_r_metrics(state)
+    if query_mask is not None:
+        has_pos = has_pos & query_mask
+    return _mean_over(value, has_pos)
+
+
+def r_precision_from_state(state: RetrievalState, query_mask: Tensor | None = None) -> Tensor:
+    """R-precision over queries with >= 1 positive (NaN if none); see ``per_query_r_metrics``."""
+    _, value, has_pos = per_query_r_metrics(state)
+    if query_mask is not None:
+        has_pos = has_pos & query_mask
+    return _mean_over(value, has_pos)

@@ -21,6 +21,8 @@ __all__ = [
     "global_ap",
     "mean_ap",
     "recall_at_k",
+    "map_at_r",
+    "r_precision",
     "recall_at_precision",
     "global_f1",
     "per_query_f1",
@@ -72,6 +74,43 @@ def recall_at_k(scores: Tensor, rel: Tensor, valid: Tensor | None = None, k: int
     (ties broken against the row: tied negatives rank first)."""
     state = state_from_scores(scores, rel, valid)
     return _out(ranking.recall_at_k_from_state(state, k), scores)
+
+
+def map_at_r(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor:
+    """MAP@R (Musgrave et al. 2020, pytorch-metric-learning): per row with R >= 1
+    positives, (1/R) Σ_{i<=R} P(i)·rel(i) over the row's top R; mean over those rows.
+    Ties: a tie group's negatives rank before its positives (docs/definitions.md).
+
+    Example:
+        Row 0 ranks 0.9+, 0.8-, 0.7+ (R = 2): MAP@R = (1/1)/2 = 0.5; row 1's one
+        positive ties with its negative, which ranks first: MAP@R = 0. Mean 0.25.
+
+        >>> import torch
+        >>> from rl_gap.metrics.functional import map_at_r
+        >>> scores = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.5, 0.1]], dtype=torch.float64)
+        >>> rel = torch.tensor([[True, False, True], [True, False, False]])
+        >>> map_at_r(scores, rel)
+        tensor(0.2500, dtype=torch.float64)
+    """
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.map_at_r_from_state(state), scores)
+
+
+def r_precision(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor:
+    """R-precision: per row with R >= 1 positives, the share of positives in its top R
+    (ties as in ``map_at_r``); mean over those rows.
+
+    Example (the rows of ``map_at_r``'s example: 1/2 and 0):
+
+        >>> import torch
+        >>> from rl_gap.metrics.functional import r_precision
+        >>> scores = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.5, 0.1]], dtype=torch.float64)
+        >>> rel = torch.tensor([[True, False, True], [True, False, False]])
+        >>> r_precision(scores, rel)
+        tensor(0.2500, dtype=torch.float64)
+    """
+    state = state_from_scores(scores, rel, valid)
+    return _out(ranking.r_precision_from_state(state), scores)
 
 
 def recall_at_precision(

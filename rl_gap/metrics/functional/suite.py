@@ -82,7 +82,8 @@ def metrics_from_state(
 ) -> dict[str, float]:
     """Every metric from one state, as Python floats.
 
-    Keys: ``gap``, ``gap_no_distractors``, ``map``, ``map@k``, ``r@k``,
+    Keys: ``gap``, ``gap_no_distractors``, ``map``, ``map@k``, ``map@r`` and
+    ``r_precision`` (pytorch-metric-learning's MAP@R / R-precision), ``r@k``,
     ``r@p{90}`` (+ ``threshold_p90``; 0.904 gives ``r@p90.4``), ``f1g``/``f1q`` (best
     global / mean per-query F1 on all queries), ``ceiling``/``efficiency`` (when
     computed; ``ceiling=None`` computes it up to 2e6 positive pairs), ``protocol_*``
@@ -118,6 +119,8 @@ def _metrics(state, ks, precisions, map_at, ceiling, protocol, bootstrap, seed, 
     out["map"] = float(ranking.mean_ap_from_state(state))
     for k in map_at:
         out[f"map@{k}"] = float(ranking.mean_ap_from_state(state, k))
+    out["map@r"] = float(ranking.map_at_r_from_state(state))
+    out["r_precision"] = float(ranking.r_precision_from_state(state))
     recall_from = state if recall_state is None else recall_state
     for k in ks:
         out[f"r@{k}"] = float(ranking.recall_at_k_from_state(recall_from, k))
