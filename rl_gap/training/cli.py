@@ -87,6 +87,7 @@ from rl_gap.training.parser import (
     with_shipped_recipes,
 )
 from rl_gap.training.resume import Resume
+from rl_gap.training.rng_state import ResumeRandomState
 from rl_gap.training.run_config import check_config_file, run_dir_for  # noqa: F401  (run_dir_for: re-export)
 from rl_gap.training.run_folder import FreshFitGuard, versioned_message
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
@@ -255,6 +256,7 @@ class RLGapCLI(LightningCLI):
         config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
         config["callbacks"] = default_callbacks(config, root)
         config["callbacks"].append(RestoreLoaderPosition())
+        config["callbacks"].append(ResumeRandomState())
         if config.get("enable_checkpointing") is not False:
             dirs = [
                 cb.dirpath
