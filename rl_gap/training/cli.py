@@ -62,6 +62,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.models.pretrained import weights_from_checkpoint
+from rl_gap.modules.split_batch import batchnorm_micro_batch_error
 from rl_gap.modules.base import RankingModule
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
@@ -305,6 +306,12 @@ class RLGapCLI(LightningCLI):
         launcher = self.trainer.strategy.launcher
         self._stop_if_requested("before training started: nothing to save")
         check_batch_divides_ranks(self.trainer, self.datamodule)
+        if subcommand == "fit":
+            problem = batchnorm_micro_batch_error(
+                self.model, getattr(self.model, "micro_batch_size", None)
+            )
+            if problem:
+                _fail(f"--model.init_args.{problem}")
         for logger in self.trainer.loggers:  # the launcher and its ranks agree on version_N
             getattr(logger, "version", None)
         try:

@@ -39,3 +39,34 @@ def test_dropout_model_resumes_bit_identically_after_sigterm(run_dir, micro):
     resumed = _fit(run_dir, "cut", *extra, "--ckpt_path", "last")
     assert resumed.trainer.global_step == EPOCHS * BATCHES
     assert_same_weights(weights(resumed), weights(full))
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.parametrize("micro", [None, "10"], ids=["whole-batch", "micro-batch-10"])
+def test_dropout_model_resumes_bit_identically_on_two_ranks(run_dir, micro):
+    """2 gloo ranks (``ddp_spawn``): each rank's streams are saved and restored to that rank."""
+    from test_sigterm_ddp import _command, _run
+
+    from cluster_helpers import load
+
+    extra = [*VIT] + ([] if micro is None else ["--model.init_args.micro_batch_size", micro])
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def fit(name, *more):
+        argv = fit_argv(run_dir, name, *extra, *more, epochs=EPOCHS, batches=BATCHES)
+        return _run(_command("ddp_spawn", argv), run_dir / f"{name}.err")
+
+    status, err = fit("full")
+    assert status == 0, err[-3000:]
+    status, err = fit("cut", "--trainer.callbacks+=fault_helpers.SigtermAtStep",
+                      f"--trainer.callbacks.step={STEP}")  # fmt: skip
+    assert status == 143, err[-3000:]
+    assert load(run_dir / "cut" / "checkpoints" / "last.ckpt")["global_step"] == STEP
+    assert len(load(run_dir / "cut" / "checkpoints" / "last.ckpt")["rl_gap_rng"]["ranks"]) == 2
+    status, err = fit("cut", "--ckpt_path", "last")
+    assert status == 0, err[-3000:]
+    final = load(run_dir / "cut" / "checkpoints" / "last.ckpt")
+    assert final["global_step"] == EPOCHS * BATCHES
+    expected = load(run_dir / "full" / "checkpoints" / "last.ckpt")
+    assert_same_weights(weights(final), weights(expected))
