@@ -175,6 +175,13 @@ class RLGapCLI(LightningCLI):
             help="resume a checkpoint written by a different configuration (differing keys "
             "are printed as a warning instead of an error)",
         )
+        parser.add_argument(
+            "--initial_weights",
+            type=bool,
+            default=False,
+            help="validate/test/predict: evaluate the model as built (random or pretrained "
+            "initial weights) when no --ckpt_path is given (otherwise refused)",
+        )
 
     def _settings(self) -> dict[str, Any]:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
@@ -204,6 +211,18 @@ class RLGapCLI(LightningCLI):
             self.config = parser.parse_args(args)
         self._run = resolve_run(parser, self.config)
         self._resume = self._run.resume
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning replaces the model's settings by the checkpoint's; a fit keeps its own.
+
+        A resumed fit trains with the settings its command line states (the resume checks
+        allow only changes that are applied, ``rl_gap.training.run_checkpoint``);
+        ``validate``/``test``/``predict`` refuse ``model`` overrides the checkpoint's weights
+        cannot take, so taking the checkpoint's settings changes nothing the user asked for.
+        """
+        if self.config.get("subcommand") == "fit":
+            return
+        super()._parse_ckpt_path()
 
     def instantiate_classes(self) -> None:
         """Build the data, model and trainer; a bad loss or optimizer value is one line.

@@ -48,6 +48,7 @@ from torch.utils.data import DataLoader
 
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
 from rl_gap.training.resume import nonfinite_optimizer_error
+from rl_gap.training.run_checkpoint import split_differences
 from rl_gap.training.run_config import (
     ResumeMismatchError,
     config_mismatch,
@@ -115,6 +116,7 @@ class FaultTolerance(Callback):
         self.sigterm_pending = False  # set by the signal handler, acted on at a step boundary
         self.stop_signum = signal.SIGTERM  # what stopped the fit (SIGINT: Ctrl-C)
         self._last_saved_step = -1
+        self.changes: list[dict[str, Any]] = []  # continuable keys changed on resume
         self._stopped_before_start = False
         self._wrapped_hooks: list[tuple[Any, str]] = []
         self._previous_sigint: Any = None
@@ -213,7 +215,9 @@ class FaultTolerance(Callback):
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        checkpoint["rl_gap"] = {"config": self.run_config, "wandb_id": self.wandb_id}
+        checkpoint["rl_gap"] = {
+            "config": self.run_config, "wandb_id": self.wandb_id, "changes": self.changes,
+        }  # fmt: skip
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -238,7 +242,16 @@ class FaultTolerance(Callback):
                 stacklevel=2,
             )
             return
-        diff = config_mismatch(saved, self.run_config)
+        other, changed = split_differences(saved, self.run_config)
+        # a continued run's history of changed keys (max_epochs, ...), kept in the run
+        self.changes = list((checkpoint.get("rl_gap") or {}).get("changes") or [])
+        if changed:
+            step = checkpoint.get("global_step")
+            self.changes.append({"step": step, "keys": {k: list(v) for k, v in changed.items()}})
+        diff = config_mismatch(
+            {k: saved[k] for k in other if k in saved},
+            {k: self.run_config[k] for k in other if k in self.run_config},
+        )
         if diff is None:
             return
         if not self.force_resume:

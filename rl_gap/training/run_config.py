@@ -46,6 +46,9 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "wandb_tags",
     "wandb_group",
     "force_resume",
+    "initial_weights",
+    "verbose",  # validate/test: printing only
+    "return_predictions",  # predict: what the Python call returns
     "checkpoint_every_n_steps",
     "print_config",
     "trainer.accelerator",
