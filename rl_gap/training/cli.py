@@ -13,9 +13,15 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   checkpoint; ``--run_name NAME`` uses ``<output_dir>/NAME`` instead, and a
   recipe's ``trainer.default_root_dir`` wins over both;
 - a fresh fit never writes into a folder that holds a saved run: it gets a new version
-  folder (``seed0-v2``; ``rl_gap.training.run_folder``), while ``--ckpt_path last`` and
-  the evaluation commands use the newest version; a recipe without a seed runs in
+  folder (``seed0-v2``; ``rl_gap.training.run_folder``); a recipe without a seed runs in
   ``seedauto[-<hash>]`` with its drawn seed recorded in its checkpoints;
+- checkpoint resolution by the run (``rl_gap.training.run_checkpoint``): ``--ckpt_path
+  last`` uses the newest version holding a checkpoint, continues a run whose changed keys
+  do not change the objective (``max_epochs``) or refuses naming the candidates; a requeued
+  job (Lightning's ``hpc_ckpt_<n>.ckpt``) resumes; ``validate``/``test``/``predict`` without
+  a checkpoint are refused unless ``--initial_weights true``;
+- every random stream of every rank in each checkpoint, restored on resume
+  (``rl_gap.training.rng_state``): a model with dropout resumes bit-identically;
 - loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
   the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
   ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
