@@ -13,12 +13,6 @@ import torch
 from cluster_helpers import fit_argv, load
 
 from rl_gap.training.cli import run_lightning_cli
-from rl_gap.training.run_checkpoint import (
-    CONTINUABLE_KEYS,
-    owning_run,
-    requeued_version,
-    resolve_last,
-)
 
 LR = ["--model.init_args.lr", "0.002"]
 STEPS = 2
@@ -115,7 +109,6 @@ def test_requeue_with_lightnings_hpc_checkpoint_resumes(copy, capsys):
     (root / "checkpoints" / "last.ckpt").rename(hpc)
     for other in (root / "checkpoints").glob("*.ckpt"):
         other.unlink()
-    assert requeued_version(root) == root
     saved = load(hpc)
     argv = fit_argv(out, None, *LR, epochs=1, batches=STEPS)
     cli = run_lightning_cli(["fit", *argv])  # the documented requeue: the same command
@@ -143,6 +136,8 @@ def test_changed_max_epochs_continues_the_same_run_and_records_it(copy, capsys):
     assert record["changes"] == [{"step": STEPS, "keys": {
         "trainer.check_val_every_n_epoch": [1, 2], "trainer.max_epochs": [1, 2]}}]  # fmt: skip
     # the next requeue of the new command finds the run again (its own config now)
+    from rl_gap.training.run_checkpoint import resolve_last
+
     again = resolve_last("fit", root.with_name("seed0-00000000"), record["config"], True)
     assert again.root == root and again.changed == {}
 
@@ -197,6 +192,8 @@ def test_eval_of_a_checkpoint_refuses_model_overrides_it_cannot_apply(copy, caps
 
 
 def test_owning_run_and_continuable_keys(tmp_path):
+    from rl_gap.training.run_checkpoint import CONTINUABLE_KEYS, owning_run, resolve_last
+
     run = tmp_path / "seed0"
     (run / "checkpoints").mkdir(parents=True)
     assert owning_run(str(run / "checkpoints" / "last.ckpt")) is None  # not written by rl-gap
