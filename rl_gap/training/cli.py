@@ -70,6 +70,7 @@ from torch.multiprocessing import ProcessExitedException
 from rl_gap.models.pretrained import weights_from_checkpoint
 from rl_gap.modules.split_batch import batchnorm_micro_batch_error
 from rl_gap.modules.base import RankingModule
+from rl_gap.training.checkpoint_io import CheckpointWriteError
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
@@ -354,6 +355,12 @@ class RLGapCLI(LightningCLI):
             clear_stop_request()
             code = err.code if isinstance(err.code, int) else SIGTERM_EXIT_CODE
             raise SystemExit(code if code in STOP_EXIT_CODES else SIGTERM_EXIT_CODE) from None
+        except CheckpointWriteError as err:
+            # a full disk mid-run: one line (the previous checkpoint is intact), not 3 tracebacks
+            self._finish_wandb()
+            clear_stop_request()
+            sys.stderr.write(f"rl-gap: error: {err.strerror or err}\n")
+            raise SystemExit(1) from None
         except ProcessExitedException as err:
             code = err.exit_code if err.exit_code in STOP_EXIT_CODES else 128 - err.exit_code
             if code not in STOP_EXIT_CODES:  # neither saved-and-stopped nor killed while starting
