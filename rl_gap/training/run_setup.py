@@ -198,9 +198,10 @@ def _run_folder(
 def baseline_config(
     parser: Any, sub: str | None, config_files: list[Any] | None
 ) -> dict[str, Any] | None:
-    """The training config of the recipe(s) alone, without command-line overrides."""
+    """The training config of the recipe alone (the first config file: an overlay's keys
+    are overrides), without command-line overrides."""
     argv = [sub] if sub else []
-    for path in config_files or []:
+    for path in (config_files or [])[:1]:
         argv += ["--config", str(getattr(path, "absolute", path))]
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
