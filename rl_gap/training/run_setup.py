@@ -169,6 +169,10 @@ def _run_folder(
     if not sub:  # run=False: whether fit will resume is unknown; FreshFitGuard decides
         return newest(base), ckpt_path, None
     named = bool(cfg.get("trainer.default_root_dir") or cfg.get("run_name"))
+    if sub in _EVAL and not ckpt_path and not named:
+        # --initial_weights: the untrained (or pretrained) model's outputs never land in,
+        # or overwrite, a trained run's folder
+        return base.with_name(base.name + "-initial"), None, None
     if ckpt_path == "last":
         try:
             found = resolve_last(sub, base, current, search_siblings=not named)

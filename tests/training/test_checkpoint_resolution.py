@@ -64,11 +64,19 @@ def test_eval_without_checkpoint_is_refused_unless_initial_weights(copy, capsys,
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing written
 
 
-def test_eval_with_initial_weights_runs(copy):
-    out, _ = copy
-    cli = run_lightning_cli(["validate", *_eval_argv(out, "--initial_weights", "true",
-                                                     "--run_name", "init")])  # fmt: skip
-    assert cli.trainer.ckpt_path is None and Path(cli.trainer.default_root_dir) == out / "init"
+def test_eval_with_initial_weights_runs_in_a_folder_of_its_own(copy):
+    out, root = copy
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    cli = run_lightning_cli(["predict", *_eval_argv(out, *LR, "--initial_weights", "true",
+                                                    "--trainer.limit_predict_batches", "1")])
+    # never into (or over) the trained run's folder: its embeddings stay the trained model's
+    assert cli.trainer.ckpt_path is None
+    assert Path(cli.trainer.default_root_dir) == root.with_name(root.name + "-initial")
+    assert (root.with_name(root.name + "-initial") / "embeddings").is_dir()
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    named = run_lightning_cli(["validate", *_eval_argv(out, "--initial_weights", "true",
+                                                       "--run_name", "init")])  # fmt: skip
+    assert Path(named.trainer.default_root_dir) == out / "init"
 
 
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
