@@ -275,8 +275,11 @@ def run(args: argparse.Namespace) -> int:
     if metrics["num_positive_pairs"] == 0:
         raise ValueError(
             "no query has a relevant database item"
-            + (" other than itself (leave-one-out)" if exclude_self or query_index is not None
-               else "")
+            + (
+                " other than itself (leave-one-out)"
+                if exclude_self or query_index is not None
+                else ""
+            )
             + ": every metric would be NaN; check the labels"
         )
     print(format_table(metrics))

@@ -68,8 +68,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.models.pretrained import weights_from_checkpoint
-from rl_gap.modules.split_batch import batchnorm_micro_batch_error
 from rl_gap.modules.base import RankingModule
+from rl_gap.modules.split_batch import batchnorm_micro_batch_error
 from rl_gap.training.checkpoint_io import CheckpointWriteError
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,

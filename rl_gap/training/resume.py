@@ -100,9 +100,7 @@ def newest_readable_checkpoint(
     files += [p for p in extra or [] if p.is_file()]
     # last*.ckpt (what Lightning's "last" means) and hpc_ckpt first, then the others,
     # each newest first
-    files.sort(
-        key=lambda p: (not p.name.startswith(("last", "hpc_ckpt_")), -p.stat().st_mtime)
-    )
+    files.sort(key=lambda p: (not p.name.startswith(("last", "hpc_ckpt_")), -p.stat().st_mtime))
     if not files:
         return None
     skipped = []

@@ -47,7 +47,7 @@ CHECKPOINT_KEY = "rl_gap_rng"
 
 def capture_streams() -> dict[str, Any]:
     """The state of torch CPU, every CUDA device, NumPy and Python ``random``."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002  (the global stream itself)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         # tensors and plain values only: checkpoints stay loadable with weights_only=True
@@ -63,7 +63,7 @@ def restore_streams(state: Mapping[str, Any]) -> None:
     """Put back what :func:`capture_streams` returned (CUDA only if it was saved and is here)."""
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))  # noqa: NPY002
     random.setstate(state["python"])
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():

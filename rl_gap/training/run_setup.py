@@ -24,18 +24,18 @@ from typing import Any, NoReturn
 from rl_gap.losses.registry import LossSectionError
 from rl_gap.optim import OptimizerSettingsError
 from rl_gap.training.resume import Resume, ResumeRefused, check_resume
-from rl_gap.training.run_config import (
-    flatten_config,
-    overrides_hash,
-    run_dir_for,
-    training_config,
-)
 from rl_gap.training.run_checkpoint import (
     newest_in_version,
     no_checkpoint_error,
     owning_run,
     requeued_version,
     resolve_last,
+)
+from rl_gap.training.run_config import (
+    flatten_config,
+    overrides_hash,
+    run_dir_for,
+    training_config,
 )
 from rl_gap.training.run_folder import auto_seed, choose_run_dir, newest
 

@@ -218,7 +218,9 @@ def test_checkpoint_permissions_follow_the_umask(tmp_path, umask):
     assert stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~umask  # as any file the user writes
 
 
-def test_full_disk_at_a_periodic_checkpoint_ends_the_fit_with_one_line(run_dir, monkeypatch, capsys):
+def test_full_disk_at_a_periodic_checkpoint_ends_the_fit_with_one_line(
+    run_dir, monkeypatch, capsys
+):
     from cluster_helpers import fit_argv
 
     from rl_gap.training.cli import run_lightning_cli
@@ -235,4 +237,6 @@ def test_full_disk_at_a_periodic_checkpoint_ends_the_fit_with_one_line(run_dir, 
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("rl-gap: error:")]
     assert line.startswith(f"rl-gap: error: could not write checkpoint {run_dir / 'full'}")
-    assert line.endswith("(the file system refused the write: is the disk full?); nothing was written")
+    assert line.endswith(
+        "(the file system refused the write: is the disk full?); nothing was written"
+    )

@@ -67,8 +67,14 @@ def test_eval_without_checkpoint_is_refused_unless_initial_weights(copy, capsys,
 def test_eval_with_initial_weights_runs_in_a_folder_of_its_own(copy):
     out, root = copy
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    cli = run_lightning_cli(["predict", *_eval_argv(out, *LR, "--initial_weights", "true",
-                                                    "--trainer.limit_predict_batches", "1")])
+    cli = run_lightning_cli(
+        [
+            "predict",
+            *_eval_argv(
+                out, *LR, "--initial_weights", "true", "--trainer.limit_predict_batches", "1"
+            ),
+        ]
+    )
     # never into (or over) the trained run's folder: its embeddings stay the trained model's
     assert cli.trainer.ckpt_path is None
     assert Path(cli.trainer.default_root_dir) == root.with_name(root.name + "-initial")
@@ -85,9 +91,14 @@ def test_eval_last_without_the_fits_override_refuses_naming_the_run(copy, capsys
     code, err = _exit([command, *_eval_argv(out, "--ckpt_path", "last")], capsys)
     assert code == 2
     assert "--ckpt_path last: no checkpoint of this configuration in" in err
-    assert f"{root / 'checkpoints' / 'last.ckpt'} (differs in model.init_args.lr: 0.001 -> " \
-        "0.002" not in err  # the candidate's value first, this command's second
-    assert f"{root / 'checkpoints' / 'last.ckpt'} (differs in model.init_args.lr: 0.002 -> 0.001)" in err
+    assert (
+        f"{root / 'checkpoints' / 'last.ckpt'} (differs in model.init_args.lr: 0.001 -> "
+        "0.002" not in err
+    )  # the candidate's value first, this command's second
+    assert (
+        f"{root / 'checkpoints' / 'last.ckpt'} (differs in model.init_args.lr: 0.002 -> 0.001)"
+        in err
+    )
     assert "give the same overrides as the fit that wrote it" in err
 
 
@@ -134,8 +145,10 @@ def test_changed_max_epochs_continues_the_same_run_and_records_it(copy, capsys):
     argv = fit_argv(out, None, *LR, epochs=2, batches=STEPS)  # max_epochs 1 -> 2
     cli = run_lightning_cli(["fit", *argv, "--ckpt_path", "last"])
     err = capsys.readouterr().err
-    assert f"continuing the run in {root} from last.ckpt with trainer.check_val_every_n_epoch" \
+    assert (
+        f"continuing the run in {root} from last.ckpt with trainer.check_val_every_n_epoch"
         " 1 -> 2, trainer.max_epochs 1 -> 2" in err
+    )
     assert Path(cli.trainer.default_root_dir) == root
     assert cli.trainer.global_step == 2 * STEPS
     record = load(_newest_last(root))["rl_gap"]
@@ -156,8 +169,9 @@ def test_changed_objective_with_last_refuses_with_keys_and_the_new_run_command(c
     code, err = _exit(["fit", *argv, "--ckpt_path", "last"], capsys)
     assert code == 2
     assert "(differs in model.init_args.lr: 0.002 -> 0.01)" in err
-    assert "to start this configuration as a new run, run the same command without " \
-        "--ckpt_path" in err
+    assert (
+        "to start this configuration as a new run, run the same command without --ckpt_path" in err
+    )
     assert sorted(p.name for p in root.parent.iterdir()) == [root.name]  # nothing started
 
 
@@ -165,8 +179,10 @@ def test_first_launch_with_last_starts_the_run_and_says_so(tmp_path, capsys):
     argv = fit_argv(tmp_path, "fresh", epochs=1, batches=1)
     cli = run_lightning_cli(["fit", *argv, "--ckpt_path", "last"])
     assert cli.trainer.global_step == 1
-    assert f"no checkpoint of this run yet; starting it in {tmp_path / 'fresh'}" in \
-        capsys.readouterr().err
+    assert (
+        f"no checkpoint of this run yet; starting it in {tmp_path / 'fresh'}"
+        in capsys.readouterr().err
+    )
 
 
 def test_resumed_file_of_another_configuration_continues_in_its_own_folder(copy):
@@ -195,8 +211,10 @@ def test_eval_of_a_checkpoint_refuses_model_overrides_it_cannot_apply(copy, caps
     code, err = _exit(["validate", *_eval_argv(out, *LR, "--model.init_args.dim", "32",
                                                "--ckpt_path", str(ckpt))], capsys)  # fmt: skip
     assert code == 2
-    assert "was trained with other model settings than this command gives " \
+    assert (
+        "was trained with other model settings than this command gives "
         "(model.init_args.dim 32; the checkpoint's: 64)" in err
+    )
 
 
 def test_owning_run_and_continuable_keys(tmp_path):

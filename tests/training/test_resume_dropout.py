@@ -46,9 +46,9 @@ def test_dropout_model_resumes_bit_identically_after_sigterm(run_dir, micro):
 @pytest.mark.parametrize("micro", [None, "10"], ids=["whole-batch", "micro-batch-10"])
 def test_dropout_model_resumes_bit_identically_on_two_ranks(run_dir, micro):
     """2 gloo ranks (``ddp_spawn``): each rank's streams are saved and restored to that rank."""
-    from tests.training.test_sigterm_ddp import _command, _run
-
     from cluster_helpers import load
+
+    from tests.training.test_sigterm_ddp import _command, _run
 
     extra = [*VIT] + ([] if micro is None else ["--model.init_args.micro_batch_size", micro])
     run_dir.mkdir(parents=True, exist_ok=True)
