@@ -209,6 +209,14 @@ def resolve_last(
         return Resolved(own[0], own[1])
     candidates = _candidates(base, current) if search_siblings else []
     same = [c for c in candidates if continuable(c.keys)]
+    if len(same) > 1 and not any(not c.keys for c in same):
+        listed = "\n".join(_describe(c, current) for c in same[:5])
+        raise ResumeRefused(
+            f"--ckpt_path last: no checkpoint of this configuration in {base}, and "
+            f"{len(same)} runs of this recipe and seed could be meant (they differ from this "
+            f"command only in how long they train or when they validate):\n{listed}\n"
+            "pass the one you mean as --ckpt_path <file>"
+        )
     if same:
         chosen = same[0]
         changed = _changes(chosen.config, current, chosen.keys)

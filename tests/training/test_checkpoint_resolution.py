@@ -230,3 +230,24 @@ def test_owning_run_and_continuable_keys(tmp_path):
     assert "trainer.max_epochs" in CONTINUABLE_KEYS and "model.init_args.lr" not in CONTINUABLE_KEYS
     torch.save({"state_dict": {}}, run / "checkpoints" / "last.ckpt")
     assert resolve_last("fit", run, {}, True).path == run / "checkpoints" / "last.ckpt"
+
+
+def test_two_runs_that_could_be_meant_are_refused_not_guessed(tmp_path):
+    from rl_gap.training.resume import ResumeRefused
+    from rl_gap.training.run_checkpoint import resolve_last
+
+    current = {"model.init_args.lr": 0.1, "trainer.max_epochs": 4}
+    for name, epochs in (("seed0-aaaaaaaa", 2), ("seed0-bbbbbbbb", 3)):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        record = {"config": {**current, "trainer.max_epochs": epochs}}
+        torch.save(
+            {"state_dict": {}, "rl_gap": record}, tmp_path / name / "checkpoints" / "last.ckpt"
+        )
+    with pytest.raises(ResumeRefused, match="2 runs of this recipe and seed could be meant"):
+        resolve_last("fit", tmp_path / "seed0-cccccccc", current, True)
+    # exactly one: it is this run, continued
+    shutil.rmtree(tmp_path / "seed0-bbbbbbbb")
+    found = resolve_last("validate", tmp_path / "seed0-cccccccc", current, True)
+    assert found.root == tmp_path / "seed0-aaaaaaaa" and found.changed == {
+        "trainer.max_epochs": (2, 4)
+    }
