@@ -2,7 +2,7 @@
 scores, queries without positives) and against pytorch-metric-learning's
 ``AccuracyCalculator`` (tie-free scores, lone queries), over 50 seeded cases.
 
-    python scripts/check_map_at_r.py
+    python research/check_map_at_r.py
 
 pytorch-metric-learning is not a dependency; it installs without touching torch, e.g.
 ``pip install --no-deps --target /tmp/pml pytorch-metric-learning`` and

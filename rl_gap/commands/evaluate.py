@@ -103,24 +103,49 @@ def _rows(x: np.ndarray | torch.Tensor, start: int, stop: int) -> torch.Tensor:
     )
 
 
+def _equal_rows(a, b, a0: int, b0: int, n: int) -> bool:
+    """Rows ``a[a0:a0+n]`` equal ``b[b0:b0+n]``, compared in the narrower of the two dtypes
+    (a float16 or float64 copy of float32 embeddings is the same embeddings)."""
+    x, y = _rows(a, a0, a0 + 1), _rows(b, b0, b0 + 1)
+    if x.is_floating_point() != y.is_floating_point():
+        return False
+    narrow = x.dtype if x.element_size() <= y.element_size() else y.dtype
+    for i in {0, n // 2, n - 1}:  # a first, middle and last row probe stops most mismatches
+        if not torch.equal(_rows(a, a0 + i, a0 + i + 1).to(narrow),
+                           _rows(b, b0 + i, b0 + i + 1).to(narrow)):  # fmt: skip
+            return False
+    step = max(1, (16 << 20) // max(1, a.shape[1] * 8))  # ~16 MiB blocks
+    return all(
+        torch.equal(_rows(a, a0 + i, a0 + min(i + step, n)).to(narrow),
+                    _rows(b, b0 + i, b0 + min(i + step, n)).to(narrow))
+        for i in range(0, n, step)
+    )  # fmt: skip
+
+
 def same_embeddings(
     a_path: str, b_path: str, a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor
 ) -> bool:
-    """True when two inputs hold the same embeddings: one file, or equal shape, dtype
-    and values (compared block by block; a first, middle and last row probe stops the
-    usual mismatch after three rows)."""
+    """True when two inputs hold the same embeddings: one file, or equal shape and values
+    (in the narrower dtype of the two; compared block by block)."""
     if _same_file(a_path, b_path):
         return True
     if tuple(a.shape) != tuple(b.shape) or a.ndim != 2 or a.shape[0] == 0:
         return False
-    n = a.shape[0]
-    if _rows(a, 0, 1).dtype != _rows(b, 0, 1).dtype:  # .npy and .pt compare as torch dtypes
-        return False
-    for i in {0, n // 2, n - 1}:
-        if not torch.equal(_rows(a, i, i + 1), _rows(b, i, i + 1)):
-            return False
-    step = max(1, (16 << 20) // max(1, a.shape[1] * a.dtype.itemsize))  # ~16 MiB blocks
-    return all(torch.equal(_rows(a, i, i + step), _rows(b, i, i + step)) for i in range(0, n, step))
+    return _equal_rows(a, b, 0, 0, a.shape[0])
+
+
+def queries_offset_in_database(queries, database) -> int | None:
+    """The row where ``database`` holds the queries as one block (its first or last rows,
+    as when distractors are appended to the queries or the other way round), else None."""
+    q, d = queries.shape[0], database.shape[0]
+    if queries.ndim != 2 or database.ndim != 2 or queries.shape[1] != database.shape[1]:
+        return None
+    if q == 0 or d <= q:
+        return None
+    for start in (0, d - q):
+        if _equal_rows(queries, database, 0, start, q):
+            return start
+    return None
 
 
 def load_embeddings(path: str) -> tuple[np.ndarray | torch.Tensor, object | None]:
@@ -174,10 +199,14 @@ def _labels(args: argparse.Namespace, queries, database, q_pt_labels, d_pt_label
     return encode_labels(query_labels, database_labels)
 
 
-def exclude_self_pairs(args: argparse.Namespace, queries, database) -> bool:
-    """Whether pair (i, i) is dropped: leave-one-out when the queries are the database,
-    unless ``--include-self``; a database holding the query embeddings needs one of
-    ``--exclude-self`` / ``--include-self`` (self pairs would inflate every metric)."""
+def exclude_self_pairs(
+    args: argparse.Namespace, queries, database
+) -> tuple[bool, torch.Tensor | None]:
+    """``(exclude_self, query_index)``: whether pair (i, i) is dropped (leave-one-out when the
+    queries are the database, unless ``--include-self``), or the database row of each query
+    to drop when the database holds the queries as a block of its rows. A database holding
+    the query embeddings needs one of ``--exclude-self`` / ``--include-self`` (self pairs
+    would inflate every metric)."""
     if args.database is None:
         if not (args.exclude_self or args.include_self):
             # Each query would retrieve itself first (R@1 = 1): rank it against the others.
@@ -186,8 +215,21 @@ def exclude_self_pairs(args: argparse.Namespace, queries, database) -> bool:
                 "(self pairs excluded)",
                 file=sys.stderr,
             )
-        return not args.include_self
+        return not args.include_self, None
     identical = same_embeddings(args.queries, args.database, queries, database)
+    offset = None if identical else queries_offset_in_database(queries, database)
+    if offset is not None:
+        where = f"rows {offset}..{offset + queries.shape[0] - 1}"
+        if not (args.exclude_self or args.include_self):
+            raise ValueError(
+                f"--database {args.database} holds the --queries {args.queries} embeddings as "
+                f"its {where}: each query would retrieve itself as a positive, inflating every "
+                "metric. Add --exclude-self to drop each query's own row, or --include-self if "
+                "self pairs are meant to count"
+            )
+        if args.include_self:
+            return False, None
+        return False, torch.arange(queries.shape[0]) + offset
     if args.exclude_self and not identical:
         raise ValueError(
             f"--exclude-self drops pair (i, i) as query i's own item, which holds only when the "
@@ -206,7 +248,7 @@ def exclude_self_pairs(args: argparse.Namespace, queries, database) -> bool:
             "each query would retrieve itself as a positive, inflating every metric. Add "
             "--exclude-self for leave-one-out, or --include-self if self pairs are meant to count"
         )
-    return args.exclude_self
+    return args.exclude_self, None
 
 
 def _pass_counter(bar: Bar):
@@ -239,10 +281,11 @@ def run(args: argparse.Namespace) -> int:
         (queries, q_pt_labels) if args.database is None else load_embeddings(args.database)
     )
     query_labels, database_labels = _labels(args, queries, database, q_pt_labels, d_pt_labels)
-    exclude_self = exclude_self_pairs(args, queries, database)
+    exclude_self, query_index = exclude_self_pairs(args, queries, database)
     with progress(args.quiet) as bar, block_progress(_pass_counter(bar)):
         metrics = evaluate_embeddings(
             queries, database, query_labels, database_labels, exclude_self=exclude_self,
+            query_index=query_index,
             ks=tuple(args.ks), precisions=tuple(args.precision), map_at=tuple(args.map_at),
             ceiling=False if args.no_ceiling else None, protocol=args.protocol,
             bootstrap=args.bootstrap, block_size=args.block_size, device=args.device,
@@ -251,7 +294,11 @@ def run(args: argparse.Namespace) -> int:
     if metrics["num_positive_pairs"] == 0:
         raise ValueError(
             "no query has a relevant database item"
-            + (" other than itself (leave-one-out)" if exclude_self else "")
+            + (
+                " other than itself (leave-one-out)"
+                if exclude_self or query_index is not None
+                else ""
+            )
             + ": every metric would be NaN; check the labels"
         )
     print(format_table(metrics))

@@ -36,7 +36,11 @@ from rl_gap import dist as shard_comm
 from rl_gap.losses.registry import read_loss_section
 from rl_gap.losses.sharding import supports_sharding, warn_replicated
 from rl_gap.modules.grad_cache import cached_encode
-from rl_gap.modules.split_batch import check_split_batch, warn_batchnorm
+from rl_gap.modules.split_batch import (
+    batchnorm_micro_batch_error,
+    check_split_batch,
+    warn_batchnorm,
+)
 from rl_gap.optim import OPTIMIZER_DEFAULTS as DEFAULTS
 from rl_gap.optim import OptimizerSettings
 
@@ -238,6 +242,9 @@ class RankingModule(L.LightningModule, abc.ABC):
         if self._trainer is not None:
             check_split_batch(self._trainer, self.allow_split_batch)
         if self.micro_batch_size is not None:
+            problem = batchnorm_micro_batch_error(self, self.micro_batch_size)
+            if problem:
+                raise ValueError(problem)
             warn_batchnorm(self)
 
     # ----------------------------------------------------------- sharded loss

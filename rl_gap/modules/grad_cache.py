@@ -28,15 +28,28 @@ from contextlib import nullcontext
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 Encode = Callable[[slice], tuple[torch.Tensor, ...]]
 
 
-def micro_batches(n: int, size: int) -> list[slice]:
-    """Consecutive row slices of at most ``size`` covering ``range(n)``."""
+def micro_batches(n: int, size: int, no_single: bool = False) -> list[slice]:
+    """Consecutive row slices of at most ``size`` covering ``range(n)``.
+
+    ``no_single``: a one-row remainder joins the micro-batch before it (``size + 1`` rows),
+    for encoders with BatchNorm, which cannot normalise a batch of one sample in training.
+    """
     if size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {size}")
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+    chunks = [slice(start, min(start + size, n)) for start in range(0, n, size)]
+    if no_single and len(chunks) > 1 and chunks[-1].stop - chunks[-1].start == 1:
+        chunks[-2:] = [slice(chunks[-2].start, n)]
+    return chunks
+
+
+def has_training_batchnorm(module: nn.Module) -> bool:
+    """Whether ``module`` holds a BatchNorm layer in training mode (batch statistics)."""
+    return any(isinstance(m, _BatchNorm) and m.training for m in module.modules())
 
 
 class _RngState:
@@ -93,7 +106,7 @@ class CachedEncoding:
     ) -> None:
         self.encode = encode
         self.frozen_fn = frozen
-        self.chunks = micro_batches(n, micro_batch_size)
+        self.chunks = micro_batches(n, micro_batch_size, no_single=has_training_batchnorm(owner))
         self.params = list(params)
         self.owner = owner
         device = self.params[0].device

@@ -61,3 +61,21 @@ def warn_batchnorm(module: nn.Module) -> None:
             "computed per micro-batch (as per-rank BatchNorm is per rank), so the step "
             "differs from the full-batch one; LayerNorm/GroupNorm models are exact"
         )
+
+
+def batchnorm_micro_batch_error(module: nn.Module, micro_batch_size: int | None) -> str | None:
+    """The refusal of ``micro_batch_size: 1`` for a model with BatchNorm, else None.
+
+    BatchNorm cannot compute batch statistics of a single sample in training; a one-sample
+    *remainder* is merged into the micro-batch before it (``grad_cache.micro_batches``), but
+    micro-batches of one sample throughout cannot be repaired that way.
+    """
+    if micro_batch_size != 1:
+        return None
+    names = sorted({type(m).__name__ for m in module.modules() if isinstance(m, _BatchNorm)})
+    if not names:
+        return None
+    return (
+        f"micro_batch_size 1 with BatchNorm ({', '.join(names)}): BatchNorm cannot normalise "
+        "a micro-batch of one sample in training; use micro_batch_size >= 2"
+    )

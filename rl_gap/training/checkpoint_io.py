@@ -61,6 +61,10 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (full disk, write error); the message is one line."""
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
     """``torch.save(obj, path)`` via a fsynced temporary file in ``path``'s folder + ``os.replace``.
 
@@ -87,7 +91,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         if reason is not None:
             kept = "the previous file is intact" if path.exists() else "nothing was written"
             errno_ = err.errno if isinstance(err, OSError) else errno.ENOSPC
-            raise OSError(errno_, f"could not write checkpoint {path} ({reason}); {kept}") from err
+            message = f"could not write checkpoint {path} ({reason}); {kept}"
+            raise CheckpointWriteError(errno_, message) from err
         raise
     _fsync_folder(folder)
 

@@ -13,9 +13,15 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   checkpoint; ``--run_name NAME`` uses ``<output_dir>/NAME`` instead, and a
   recipe's ``trainer.default_root_dir`` wins over both;
 - a fresh fit never writes into a folder that holds a saved run: it gets a new version
-  folder (``seed0-v2``; ``rl_gap.training.run_folder``), while ``--ckpt_path last`` and
-  the evaluation commands use the newest version; a recipe without a seed runs in
+  folder (``seed0-v2``; ``rl_gap.training.run_folder``); a recipe without a seed runs in
   ``seedauto[-<hash>]`` with its drawn seed recorded in its checkpoints;
+- checkpoint resolution by the run (``rl_gap.training.run_checkpoint``): ``--ckpt_path
+  last`` uses the newest version holding a checkpoint, continues a run whose changed keys
+  do not change the objective (``max_epochs``) or refuses naming the candidates; a requeued
+  job (Lightning's ``hpc_ckpt_<n>.ckpt``) resumes; ``validate``/``test``/``predict`` without
+  a checkpoint are refused unless ``--initial_weights true``;
+- every random stream of every rank in each checkpoint, restored on resume
+  (``rl_gap.training.rng_state``): a model with dropout resumes bit-identically;
 - loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
   the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
   ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
@@ -63,6 +69,8 @@ from torch.multiprocessing import ProcessExitedException
 
 from rl_gap.models.pretrained import weights_from_checkpoint
 from rl_gap.modules.base import RankingModule
+from rl_gap.modules.split_batch import batchnorm_micro_batch_error
+from rl_gap.training.checkpoint_io import CheckpointWriteError
 from rl_gap.training.fault_tolerance import (
     SIGTERM_EXIT_CODE,
     FaultTolerance,
@@ -87,6 +95,7 @@ from rl_gap.training.parser import (
     with_shipped_recipes,
 )
 from rl_gap.training.resume import Resume
+from rl_gap.training.rng_state import ResumeRandomState
 from rl_gap.training.run_config import check_config_file
 from rl_gap.training.run_folder import FreshFitGuard, versioned_message
 from rl_gap.training.run_lock import RunFolderLocked, RunLock, starts_the_run
@@ -173,6 +182,13 @@ class RLGapCLI(LightningCLI):
             help="resume a checkpoint written by a different configuration (differing keys "
             "are printed as a warning instead of an error)",
         )
+        parser.add_argument(
+            "--initial_weights",
+            type=bool,
+            default=False,
+            help="validate/test/predict: evaluate the model as built (random or pretrained "
+            "initial weights) when no --ckpt_path is given (otherwise refused)",
+        )
 
     def _settings(self) -> dict[str, Any]:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
@@ -202,6 +218,18 @@ class RLGapCLI(LightningCLI):
             self.config = parser.parse_args(args)
         self._run = resolve_run(parser, self.config)
         self._resume = self._run.resume
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning replaces the model's settings by the checkpoint's; a fit keeps its own.
+
+        A resumed fit trains with the settings its command line states (the resume checks
+        allow only changes that are applied, ``rl_gap.training.run_checkpoint``);
+        ``validate``/``test``/``predict`` refuse ``model`` overrides the checkpoint's weights
+        cannot take, so taking the checkpoint's settings changes nothing the user asked for.
+        """
+        if self.config.get("subcommand") == "fit":
+            return
+        super()._parse_ckpt_path()
 
     def instantiate_classes(self) -> None:
         """Build the data, model and trainer; a bad loss or optimizer value is one line.
@@ -255,6 +283,7 @@ class RLGapCLI(LightningCLI):
         config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
         config["callbacks"] = default_callbacks(config, root)
         config["callbacks"].append(RestoreLoaderPosition())
+        config["callbacks"].append(ResumeRandomState())
         if config.get("enable_checkpointing") is not False:
             dirs = [
                 cb.dirpath
@@ -303,6 +332,12 @@ class RLGapCLI(LightningCLI):
         launcher = self.trainer.strategy.launcher
         self._stop_if_requested("before training started: nothing to save")
         check_batch_divides_ranks(self.trainer, self.datamodule)
+        if subcommand == "fit":
+            problem = batchnorm_micro_batch_error(
+                self.model, getattr(self.model, "micro_batch_size", None)
+            )
+            if problem:
+                _fail(f"--model.init_args.{problem}")
         for logger in self.trainer.loggers:  # the launcher and its ranks agree on version_N
             getattr(logger, "version", None)
         try:
@@ -320,6 +355,12 @@ class RLGapCLI(LightningCLI):
             clear_stop_request()
             code = err.code if isinstance(err.code, int) else SIGTERM_EXIT_CODE
             raise SystemExit(code if code in STOP_EXIT_CODES else SIGTERM_EXIT_CODE) from None
+        except CheckpointWriteError as err:
+            # a full disk mid-run: one line (the previous checkpoint is intact), not 3 tracebacks
+            self._finish_wandb()
+            clear_stop_request()
+            sys.stderr.write(f"rl-gap: error: {err.strerror or err}\n")
+            raise SystemExit(1) from None
         except ProcessExitedException as err:
             code = err.exit_code if err.exit_code in STOP_EXIT_CODES else 128 - err.exit_code
             if code not in STOP_EXIT_CODES:  # neither saved-and-stopped nor killed while starting

@@ -45,8 +45,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from rl_gap.training.checkpoint_io import AtomicCheckpointIO, Stateful, remove_partial_checkpoints
+from rl_gap.training.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
 from rl_gap.training.resume import nonfinite_optimizer_error
+from rl_gap.training.run_checkpoint import split_differences
 from rl_gap.training.run_config import (
     ResumeMismatchError,
     config_mismatch,
@@ -114,6 +115,7 @@ class FaultTolerance(Callback):
         self.sigterm_pending = False  # set by the signal handler, acted on at a step boundary
         self.stop_signum = signal.SIGTERM  # what stopped the fit (SIGINT: Ctrl-C)
         self._last_saved_step = -1
+        self.changes: list[dict[str, Any]] = []  # continuable keys changed on resume
         self._stopped_before_start = False
         self._wrapped_hooks: list[tuple[Any, str]] = []
         self._previous_sigint: Any = None
@@ -212,7 +214,9 @@ class FaultTolerance(Callback):
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        checkpoint["rl_gap"] = {"config": self.run_config, "wandb_id": self.wandb_id}
+        checkpoint["rl_gap"] = {
+            "config": self.run_config, "wandb_id": self.wandb_id, "changes": self.changes,
+        }  # fmt: skip
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -237,7 +241,16 @@ class FaultTolerance(Callback):
                 stacklevel=2,
             )
             return
-        diff = config_mismatch(saved, self.run_config)
+        other, changed = split_differences(saved, self.run_config)
+        # a continued run's history of changed keys (max_epochs, ...), kept in the run
+        self.changes = list((checkpoint.get("rl_gap") or {}).get("changes") or [])
+        if changed:
+            step = checkpoint.get("global_step")
+            self.changes.append({"step": step, "keys": {k: list(v) for k, v in changed.items()}})
+        diff = config_mismatch(
+            {k: saved[k] for k in other if k in saved},
+            {k: self.run_config[k] for k in other if k in self.run_config},
+        )
         if diff is None:
             return
         if not self.force_resume:
@@ -342,58 +355,5 @@ def _loaders(iterables: Any) -> list[Any]:
     return [] if iterables is None else [iterables]
 
 
-class RestoreLoaderPosition(Callback):
-    """Gives the training loaders their checkpointed position back when a fit resumes.
-
-    Lightning saves the state of every training loader that has
-    ``state_dict``/``load_state_dict`` (``rl_gap.data.sampler.ResumableBatchLoader``)
-    but, when ``configure_optimizers`` asks for ``trainer.estimated_stepping_batches``
-    (every rl_gap module's schedule does), builds the loaders before the
-    checkpoint is read and never hands the states back. This callback reads them
-    from the checkpoint and applies them at ``on_train_start``, before the first
-    batch is drawn (applying them twice is harmless).
-    """
-
-    def __init__(self) -> None:
-        self._states: list[dict[str, Any]] = []
-        self._resuming = False
-        self._path = "the checkpoint"
-
-    def on_load_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        self._path = trainer.ckpt_path or "the checkpoint"
-        if trainer.state.fn == "fit" and not (checkpoint.get("loops") or {}).get("fit_loop"):
-            warnings.warn(
-                f"{self._path} holds no training-loop state ('loops'; a weights-only or plain "
-                "torch.save checkpoint): the fit restarts at epoch 0, step 0 with these weights; "
-                "the epoch/step counters, the schedule's position and the sampler position are "
-                "lost (not an exact resume)",
-                UserWarning,
-                stacklevel=2,
-            )
-        fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
-        self._states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
-        self._resuming = trainer.state.fn == "fit"
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        states, self._states = self._states, []
-        resuming, self._resuming = self._resuming, False
-        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, Stateful)]
-        if not states:
-            if resuming and loaders:
-                warnings.warn(
-                    f"{self._path} holds no position of the training sampler: if it was "
-                    "written mid-epoch, that epoch restarts at its first batch (batches seen "
-                    "twice, not an exact resume)",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            return
-        if len(loaders) != len(states):
-            raise RuntimeError(
-                f"the checkpoint holds the position of {len(states)} training loader(s) but "
-                f"this run has {len(loaders)} resumable one(s); resume with the same data setup"
-            )
-        for loader, state in zip(loaders, states, strict=True):
-            loader.load_state_dict(state)
+# re-exported: Python Trainers import it from here
+from rl_gap.training.loader_position import RestoreLoaderPosition  # noqa: E402, F401

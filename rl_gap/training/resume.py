@@ -83,21 +83,24 @@ def nonfinite_optimizer_error(ckpt: dict[str, Any], path: str | Path) -> str | N
     )
 
 
-def newest_readable_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+def newest_readable_checkpoint(
+    folder: Path, extra: list[Path] | None = None
+) -> tuple[Path, dict[str, Any]] | None:
     """``--ckpt_path last``: the newest ``last*.ckpt`` if it loads, else the newest ``*.ckpt`` that does.
 
-    A damaged file (0 bytes after a kill, truncated by a full disk) is skipped with a
-    warning naming it and the checkpoint used instead. None if the folder holds no
-    checkpoint.
+    ``extra``: more candidates ranked with ``last*.ckpt`` (Lightning's ``hpc_ckpt_<n>.ckpt``,
+    written at the same moments: before a requeue). A damaged file (0 bytes after a kill,
+    truncated by a full disk) is skipped with a warning naming it and the checkpoint used
+    instead. None if there is no checkpoint.
 
     Raises:
         ResumeRefused: checkpoints exist but none loads.
     """
-    if not folder.is_dir():
-        return None
-    files = [p for p in folder.glob("*.ckpt") if p.is_file()]
-    # last*.ckpt first (what Lightning's "last" means), then the others, each newest first
-    files.sort(key=lambda p: (not p.name.startswith("last"), -p.stat().st_mtime))
+    files = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
+    files += [p for p in extra or [] if p.is_file()]
+    # last*.ckpt (what Lightning's "last" means) and hpc_ckpt first, then the others,
+    # each newest first
+    files.sort(key=lambda p: (not p.name.startswith(("last", "hpc_ckpt_")), -p.stat().st_mtime))
     if not files:
         return None
     skipped = []
@@ -159,9 +162,18 @@ def check_resume(
         nonfinite = nonfinite or nonfinite_optimizer_error(ckpt, path)
     if nonfinite:
         raise ResumeRefused(nonfinite)
+    from rl_gap.training.run_checkpoint import (
+        evaluation_model_error,
+        split_differences,
+        unappliable_error,
+    )
+
     record = ckpt.get("rl_gap") or {}
     resume = Resume(path, record.get("wandb_id"))
     if subcommand != "fit":
+        problem = evaluation_model_error(path, record.get("config"), train)
+        if problem:
+            raise ResumeRefused(problem)
         return resume
     if record.get("config") is None:
         warnings.warn(
@@ -171,10 +183,17 @@ def check_resume(
             stacklevel=2,
         )
         return resume
-    diff = config_mismatch(record["config"], train)
+    # max_epochs, the validation schedule: the same run, continued (recorded by FaultTolerance)
+    other, _ = split_differences(record["config"], train)
+    saved_other = {k: record["config"][k] for k in other if k in record["config"]}
+    now_other = {k: train[k] for k in other if k in train}
+    diff = config_mismatch(saved_other, now_other)
     if diff and not force:
         raise ResumeRefused(resume_mismatch_message(path, diff))
     if diff:
+        problem = unappliable_error(path, record["config"], train, other)
+        if problem:
+            raise ResumeRefused(problem)
         warnings.warn(
             f"--force_resume: resuming {path} written by a different configuration:\n{diff}",
             UserWarning,

@@ -45,6 +45,9 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "wandb_tags",
     "wandb_group",
     "force_resume",
+    "initial_weights",
+    "verbose",  # validate/test: printing only
+    "return_predictions",  # predict: what the Python call returns
     "checkpoint_every_n_steps",
     "print_config",
     "trainer.accelerator",
@@ -161,7 +164,8 @@ def run_dir_for(
     seed: Any = None,
     overrides: str = "",
 ) -> Path:
-    """The run folder: ``<output_dir>/<recipe folder>/<recipe stem>/<seed<N>[-<overrides>]>``.
+    """The run folder: ``<output_dir>/<recipe folder>/<recipe stem>/<seed<N>[-<overrides>]>``
+    (the recipe: the first config file).
 
     ``run_name`` gives ``<output_dir>/<run_name>`` instead. ``seed`` is the
     resolved ``seed_everything`` (None: the folder has no seed level, as for
@@ -171,7 +175,9 @@ def run_dir_for(
     if run_name:
         return Path(output_dir) / run_name
     if config_files:
-        recipe = Path(str(config_files[-1]))
+        # the recipe is the first --config; later ones are overlays (their keys are
+        # overrides, in the hash), never the folder's name
+        recipe = Path(str(config_files[0]))
         base = Path(output_dir) / recipe.parent.name / recipe.stem
     else:
         base = Path(output_dir) / "run"

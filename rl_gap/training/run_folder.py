@@ -6,9 +6,8 @@ holds one training run. Its *versions* are the folder itself and siblings ``<fol
 
 - a fresh ``fit`` (no ``--ckpt_path``) writes to the newest version if it is unused, else
   to a new version: rerunning a finished run's command never touches its checkpoints;
-- ``--ckpt_path last`` (and ``validate``/``test``/``predict``) use the newest version, so a
-  requeued job finds the run its first launch started;
-- ``--ckpt_path <file>`` inside a version's ``checkpoints/`` uses that version.
+- ``--ckpt_path last`` and ``--ckpt_path <file>``: :mod:`rl_gap.training.run_checkpoint`
+  (the newest version holding a checkpoint; a file's own run folder).
 
 :class:`FreshFitGuard` enforces the rule for every ``Trainer.fit`` (also from Python, where
 the CLI cannot know at parse time whether ``fit`` will be given a checkpoint): a fit that

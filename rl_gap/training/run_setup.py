@@ -24,6 +24,13 @@ from typing import Any, NoReturn
 from rl_gap.losses.registry import LossSectionError
 from rl_gap.optim import OptimizerSettingsError
 from rl_gap.training.resume import Resume, ResumeRefused, check_resume
+from rl_gap.training.run_checkpoint import (
+    newest_in_version,
+    no_checkpoint_error,
+    owning_run,
+    requeued_version,
+    resolve_last,
+)
 from rl_gap.training.run_config import (
     flatten_config,
     overrides_hash,
@@ -31,6 +38,8 @@ from rl_gap.training.run_config import (
     training_config,
 )
 from rl_gap.training.run_folder import auto_seed, choose_run_dir, newest
+
+_EVAL = ("validate", "test", "predict")
 
 # the recipe key a setting error is reported under
 _SETTING_KEYS: tuple[tuple[type[ValueError], str], ...] = (
@@ -132,8 +141,14 @@ def resolve_run(parser: Any, config: Any) -> RunSetup:
     )
     ckpt_path = cfg.get("ckpt_path")
     ckpt_path = None if ckpt_path is None else str(ckpt_path)
-    # run=False (no subcommand): whether fit will resume is unknown; FreshFitGuard decides
-    root = choose_run_dir(base, sub, ckpt_path) if sub else newest(base)
+    if sub in _EVAL and not ckpt_path and not cfg.get("initial_weights"):
+        usage_error(no_checkpoint_error(sub))
+    current = training_config(flatten_config(cfg))
+    root, ckpt_path, note = _run_folder(sub, cfg, base, ckpt_path, current)
+    if note:
+        sys.stderr.write(note + "\n")
+    if sub:
+        cfg["ckpt_path"] = ckpt_path
     if seed is True:  # drawn now (or read back from the run being resumed), recorded in it
         # run=False: a folder holding checkpoints can only be resumed (FreshFitGuard)
         seed = auto_seed(ckpt_path or (None if sub else "last"), root)
@@ -157,12 +172,50 @@ def resolve_run(parser: Any, config: Any) -> RunSetup:
     return run
 
 
+def _run_folder(
+    sub: str | None, cfg: Any, base: Path, ckpt_path: str | None, current: dict[str, Any]
+) -> tuple[Path, str | None, str | None]:
+    """(run folder, checkpoint to load, a line for stderr) of a command (``run_checkpoint``)."""
+    if not sub:  # run=False: whether fit will resume is unknown; FreshFitGuard decides
+        return newest(base), ckpt_path, None
+    named = bool(cfg.get("trainer.default_root_dir") or cfg.get("run_name"))
+    if sub in _EVAL and not ckpt_path and not named:
+        # --initial_weights: the untrained (or pretrained) model's outputs never land in,
+        # or overwrite, a trained run's folder
+        return base.with_name(base.name + "-initial"), None, None
+    if ckpt_path == "last":
+        try:
+            found = resolve_last(sub, base, current, search_siblings=not named)
+        except ResumeRefused as err:
+            usage_error(str(err))
+        if found.path is None:  # a fit with nothing to resume yet: never in silence
+            return found.root, None, (
+                f"rl-gap: --ckpt_path last: no checkpoint of this run yet; starting it in "
+                f"{found.root}"
+            )  # fmt: skip
+        return found.root, str(found.path), found.note
+    if ckpt_path and ckpt_path not in ("best", "hpc") and not ckpt_path.startswith("registry"):
+        owner = owning_run(ckpt_path)
+        if owner is not None:  # one run's history in one folder
+            return owner, ckpt_path, None
+    if sub == "fit" and not ckpt_path:
+        version = requeued_version(base)
+        found = newest_in_version(version) if version is not None else None
+        if version is not None and found is not None:
+            return version, str(found[0]), (
+                f"rl-gap: {version} holds Lightning's hpc_ckpt (a requeued job): resuming "
+                f"{found[0]} (epoch {found[1].get('epoch')}, step {found[1].get('global_step')})"
+            )  # fmt: skip
+    return choose_run_dir(base, sub, ckpt_path), ckpt_path, None
+
+
 def baseline_config(
     parser: Any, sub: str | None, config_files: list[Any] | None
 ) -> dict[str, Any] | None:
-    """The training config of the recipe(s) alone, without command-line overrides."""
+    """The training config of the recipe alone (the first config file: an overlay's keys
+    are overrides), without command-line overrides."""
     argv = [sub] if sub else []
-    for path in config_files or []:
+    for path in (config_files or [])[:1]:
         argv += ["--config", str(getattr(path, "absolute", path))]
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):

@@ -128,6 +128,7 @@ def test_moco_predict_writes_bank_and_evaluated_features(run_dir):
     cli = run_lightning_cli(
         ["predict", "--config", str(recipe_path("demo/mnist_moco_infonce")),
          "--output_dir", str(run_dir), "--data.init_args.eval_batch_size", "20",
+         "--initial_weights", "true",
          "--trainer.limit_predict_batches", "2", "--wandb", "off",
          "--trainer.enable_progress_bar", "false"]
     )  # fmt: skip
@@ -155,6 +156,7 @@ def test_clip_predict_writes_image_and_text_embeddings_with_pair_ids(tmp_path, m
     cli = run_lightning_cli(
         ["predict", "--config", str(recipe_path("demo/glyphs_gsap")),
          "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
+         "--initial_weights=true",
          "--data.init_args.train_renders=1", "--data.init_args.eval_renders=1",
          "--data.init_args.eval_seen=false", "--data.init_args.batch_size=32"]
     )  # fmt: skip

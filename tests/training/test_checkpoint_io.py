@@ -216,3 +216,27 @@ def test_checkpoint_permissions_follow_the_umask(tmp_path, umask):
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "last.ckpt").stat().st_mode) == 0o666 & ~umask
     assert stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~umask  # as any file the user writes
+
+
+def test_full_disk_at_a_periodic_checkpoint_ends_the_fit_with_one_line(
+    run_dir, monkeypatch, capsys
+):
+    from cluster_helpers import fit_argv
+
+    from rl_gap.training.cli import run_lightning_cli
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(
+        checkpoint_io.os, "fdopen", lambda fd, mode: _FullDiskFile(real_fdopen(fd, mode), 1000)
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        run_lightning_cli(["fit", *fit_argv(run_dir, "full", "--checkpoint_every_n_steps", "1",
+                                            epochs=1, batches=2)])  # fmt: skip
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("rl-gap: error:")]
+    assert line.startswith(f"rl-gap: error: could not write checkpoint {run_dir / 'full'}")
+    assert line.endswith(
+        "(the file system refused the write: is the disk full?); nothing was written"
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rl_gap.losses.registry import LossSectionError
@@ -74,3 +76,21 @@ def test_a_constructors_own_refusal_is_named_by_the_class_that_raised_it():
     data = _union_report(lambda: Data(0))
     assert setting_error(data) == "--data.init_args: size must be >= 1, got 0"
     assert setting_error(_union_report(lambda: _check(2.0))) is None  # no module refused it
+
+
+def test_run_folder_is_named_after_the_recipe_not_an_overlay(tmp_path):
+    """``--config recipe.yaml --config data/mb30.yaml``: the folder is the recipe's, and the
+    overlay's keys are overrides (a folder of their own, apart from the plain recipe)."""
+    from cluster_helpers import RECIPE, fit_argv
+
+    from rl_gap.training.cli import run_lightning_cli
+
+    overlay = tmp_path / "data" / "mb30.yaml"
+    overlay.parent.mkdir()
+    overlay.write_text("model:\n  init_args:\n    micro_batch_size: 30\n")
+    plain = run_lightning_cli(fit_argv(tmp_path, None), run=False)
+    layered = run_lightning_cli([*fit_argv(tmp_path, None), "--config", str(overlay)], run=False)
+    plain_root = Path(plain.trainer.default_root_dir)
+    root = Path(layered.trainer.default_root_dir)
+    assert root.parent == plain_root.parent == tmp_path / "demo" / RECIPE.stem
+    assert root != plain_root and root.name.startswith("seed0-")
