@@ -45,22 +45,37 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     stable_group_id,
     webdataset_pairs,
 )
+from rl_gap.data.preprocess import FollowsModelPreprocess, recipe_values
 from rl_gap.data.shard_stream import ResumableStreamLoader, ShardStream
+from rl_gap.models.preprocess import Preprocess, PreprocessError, find_preprocess
+
+
+def open_clip_defaults() -> Preprocess:
+    """open_clip's ``PreprocessCfg()`` defaults (OpenAI statistics, bicubic, 224 pixels)."""
+    from open_clip.transform import PreprocessCfg
+
+    from rl_gap.models.preprocess import open_clip_preprocess
+
+    pp = open_clip_preprocess(vars(PreprocessCfg()), "the model")
+    return pp.with_values({}, "open_clip's defaults")
 
 
 # -------------------------------------------------------------- DataModules
-class CLIPDataModuleBase(L.LightningDataModule):
+class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
     """Loaders shared by the CLIP data modules.
 
-    Preprocessing (image size, mean/std) and the tokenizer default to the
-    model's: ``CLIPFineTuneModule.setup`` calls ``configure_for_model`` so a
-    recipe names the architecture once. Explicit arguments here win.
+    Preprocessing and the tokenizer default to the model's: open_clip's preprocess
+    config of the architecture and pretrained tag (size, mean, std, interpolation, resize
+    mode), and open_clip's transforms built from it (``image_transform_v2``), so a recipe
+    names the architecture once. Explicit arguments here win.
 
     Args:
         batch_size: per-process training batch (global = × devices × nodes).
         eval_batch_size: per-process evaluation batch (default: batch_size).
         num_workers: DataLoader workers.
-        image_size, mean, std: override the model's preprocessing.
+        image_size, mean, std, interpolation, resize_mode: override the model's
+            preprocessing (``resize_mode``: open_clip's ``shortest``, ``longest``, ``squash``).
+        preprocess: the same overrides as one section.
         tokenizer: an open_clip model name whose tokenizer to use (default:
             the model's tokenizer).
     """
@@ -74,6 +89,9 @@ class CLIPDataModuleBase(L.LightningDataModule):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         tokenizer: str | None = None,
+        interpolation: str | None = None,
+        resize_mode: str | None = None,
+        preprocess: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -81,6 +99,16 @@ class CLIPDataModuleBase(L.LightningDataModule):
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.num_workers = int(num_workers)
+        overrides = recipe_values(
+            preprocess, image_size=image_size, mean=mean, std=std,
+            interpolation=interpolation, resize_mode=resize_mode,
+        )  # fmt: skip
+        if overrides.get("crop_pct", 1.0) != 1.0:
+            raise PreprocessError(
+                "crop_pct applies to timm backbones; open_clip's transforms keep the resized "
+                "image whole (set resize_mode: shortest, longest or squash)"
+            )
+        self.init_preprocess(overrides, open_clip_defaults())
         self.image_size, self.mean, self.std = image_size, mean, std
         self.tokenizer = None
         if tokenizer is not None:
@@ -96,27 +124,39 @@ class CLIPDataModuleBase(L.LightningDataModule):
         mean: Sequence[float],
         std: Sequence[float],
     ) -> None:
-        """Adopt the model's tokenizer and preprocessing where none was given."""
+        """Adopt the model's tokenizer, and its preprocessing unless the model's full
+        :class:`~rl_gap.models.preprocess.Preprocess` was handed over already (``rl-gap fit``
+        does that before training); explicit arguments win."""
         self.tokenizer = self.tokenizer or tokenizer
-        self.image_size = self.image_size or image_size
-        self.mean = tuple(self.mean or mean)
-        self.std = tuple(self.std or std)
+        if self._model_preprocess is None:
+            trainer = getattr(self, "trainer", None)
+            found = find_preprocess(getattr(trainer, "lightning_module", None))
+            if found is None:
+                found = open_clip_defaults().with_values(
+                    {"image_size": image_size, "mean": mean, "std": std}, "the model"
+                )
+            self.configure_preprocess(found)
+
+    def configure_preprocess(self, model: Preprocess | None) -> Preprocess:
+        pp = super().configure_preprocess(model)
+        self.image_size, self.mean, self.std = pp.image_size, pp.mean, pp.std
+        return pp
 
     def _preprocess(self) -> tuple[int, tuple[float, ...], tuple[float, ...]]:
-        from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-
-        return (
-            int(self.image_size or 224),
-            tuple(self.mean or OPENAI_DATASET_MEAN),
-            tuple(self.std or OPENAI_DATASET_STD),
-        )
+        pp = self.preprocessing
+        return pp.image_size, pp.mean, pp.std
 
     def image_transform(self, train: bool) -> Transform:
-        """open_clip's train (random resized crop) / eval (resize + centre crop) transform."""
-        from open_clip.transform import image_transform
+        """open_clip's own train (random resized crop) / eval (resize + centre crop)
+        transform of the preprocessing in use (``open_clip.transform.image_transform_v2``)."""
+        from open_clip.transform import PreprocessCfg, image_transform_v2
 
-        size, mean, std = self._preprocess()
-        return image_transform(size, is_train=train, mean=mean, std=std)
+        pp = self.preprocessing
+        cfg = PreprocessCfg(
+            size=pp.image_size, mean=pp.mean, std=pp.std, interpolation=pp.interpolation,
+            resize_mode=pp.resize_mode,
+        )  # fmt: skip
+        return image_transform_v2(cfg, is_train=train)
 
     # subclasses provide the data
     def train_dataset(self) -> Dataset:
@@ -227,8 +267,14 @@ class ImageTextDataModule(CLIPDataModuleBase):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         tokenizer: str | None = None,
+        interpolation: str | None = None,
+        resize_mode: str | None = None,
+        preprocess: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer)
+        super().__init__(
+            batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer,
+            interpolation, resize_mode, preprocess,
+        )  # fmt: skip
         if train_table is not None and train_shards is not None:
             raise ValueError("give train_table or train_shards, not both")
         if train_shards is not None and not train_num_samples:

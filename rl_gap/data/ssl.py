@@ -44,6 +44,7 @@ def moco_v3_augmentations(
     crop_min: float = 0.08,
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
+    interpolation: str = "bilinear",
 ) -> tuple[Callable, Callable]:
     """The two MoCo v3 view pipelines (PIL image -> normalised tensor).
 
@@ -51,6 +52,7 @@ def moco_v3_augmentations(
         image_size: output crop side (224 for ImageNet, 28 for MNIST).
         crop_min: smallest RandomResizedCrop area fraction (MoCo v3 ViT: 0.08).
         mean, std: per-channel normalisation (one entry per channel).
+        interpolation: the crop's resize filter (the backbone's: ``bicubic`` for most ViTs).
 
     Returns:
         (view-1 transform, view-2 transform).
@@ -63,7 +65,9 @@ def moco_v3_augmentations(
 
     def pipeline(blur_p: float, solarize_p: float) -> T.Compose:
         steps: list[Any] = [
-            T.RandomResizedCrop(image_size, scale=(crop_min, 1.0)),
+            T.RandomResizedCrop(
+                image_size, scale=(crop_min, 1.0), interpolation=T.InterpolationMode(interpolation)
+            ),
             T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
             T.RandomGrayscale(p=0.2),
             T.RandomApply([T.GaussianBlur(kernel, sigma=sigma)], p=blur_p),

@@ -225,6 +225,7 @@ class RLGapCLI(LightningCLI):
         s = self._settings()
         run = self._run
         assert run is not None, "parse_arguments resolves the run before classes are built"
+        self._adopt_preprocess(run)
         root = Path(run.root)
         restore_integers(config, self._written_integers)
         problem = writable_error(root)  # before the lock, the logs and W&B touch it
@@ -278,6 +279,21 @@ class RLGapCLI(LightningCLI):
             # The resumable training loaders shard the global batch themselves.
             config["use_distributed_sampler"] = False
         return super()._instantiate_trainer(config, callbacks)
+
+    def _adopt_preprocess(self, run: RunSetup) -> None:
+        """The DataModule follows the model's preprocessing; the values in use are printed
+        and recorded in the run's config (``data.init_args.preprocess``) and W&B config."""
+        from rl_gap.data.preprocess import adopt_model_preprocess
+
+        pp = adopt_model_preprocess(self.datamodule, self.model)
+        if pp is None:
+            return
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if cfg.get("data.init_args") is not None and "preprocess" in cfg["data.init_args"]:
+            cfg["data.init_args.preprocess"] = pp.settings()
+            run.full["data.init_args.preprocess"] = pp.settings()
+        if rank_zero_only.rank == 0:
+            sys.stderr.write(pp.describe() + "\n")
 
     def _wandb_run(self, root: Path, group: str | None) -> WandbRun:
         """This command's W&B run (a fit records its id in ``<root>/wandb_id``)."""
