@@ -236,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
             + ": every metric would be NaN; check the labels"
         )
     print(format_table(metrics))
+    from rl_gap.training.wandb_mode import log_command_result
+
+    log_command_result(metrics)  # the command's W&B run, when W&B is on
     if args.output:
         # atomic: a full disk or a kill mid-write leaves the previous file as it was
         out = write_text_atomic(args.output, json.dumps(metrics, indent=2, allow_nan=True))

@@ -208,6 +208,9 @@ def extract_features(
 
 
 def emit(result: dict[str, Any], output: str | None) -> None:
+    from rl_gap.training.wandb_mode import log_command_result
+
+    log_command_result(result)  # knn and linear-probe: the command's W&B run, when W&B is on
     text = json.dumps(result, indent=2)
     print(text)
     if output:

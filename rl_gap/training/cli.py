@@ -77,7 +77,7 @@ from rl_gap.training.loggers import (
     is_wandb_logger,
     record_run_id,
     resolve_wandb_mode,
-    run_label,
+    readable_run_name,
     wandb_run_for,
 )
 from rl_gap.training.parser import (
@@ -111,6 +111,12 @@ from rl_gap.training.trainer_setup import (
 )
 
 _fail = usage_error
+
+
+def cfg_seed(config: Any) -> Any:
+    """The resolved ``seed_everything`` of a parsed command line."""
+    sub = config.get("subcommand")
+    return (config[sub] if sub else config).get("seed_everything")
 
 
 def check_batch_divides_ranks(trainer: L.Trainer, datamodule: Any) -> None:
@@ -249,7 +255,8 @@ class RLGapCLI(LightningCLI):
                 wandb_run = self._wandb_run(root, s["wandb_group"])
                 wandb_id = wandb_run.id
             config["logger"] = default_loggers(
-                root, run_label(root, s["output_dir"], self.subcommand), s["wandb"], s["wandb_project"],
+                root, readable_run_name(s["config"], cfg_seed(self.config), run.changed, self.subcommand),
+                s["wandb"], s["wandb_project"],
                 wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
                 config=run.full,
             )  # fmt: skip
@@ -305,7 +312,7 @@ class RLGapCLI(LightningCLI):
             self.subcommand, root, ckpt, None if resume is None else resume.wandb_id, group
         )
         if run.job_type == "train" and starts_the_run():
-            record_run_id(root, run.id)
+            record_run_id(root, run.id, run.group)
         return run
 
     def _run_subcommand(self, subcommand: str) -> None:
