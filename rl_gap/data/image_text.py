@@ -70,8 +70,12 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
     names the architecture once. Explicit arguments here win.
 
     Args:
-        batch_size: per-process training batch (global = × devices × nodes).
-        eval_batch_size: per-process evaluation batch (default: batch_size).
+        batch_size: the *global* training batch (all devices together), the batch the loss
+            ranks; each of the ``devices × nodes`` ranks loads ``batch_size / ranks``
+            (printed at start-up).
+        eval_batch_size: per-device evaluation batch (default: the per-device training batch).
+        batches_per_epoch: training batches per epoch of a caption table (default: as many
+            full global batches as it holds); WebDataset shards set ``train_num_samples``.
         num_workers: DataLoader workers.
         image_size, mean, std, interpolation, resize_mode: override the model's
             preprocessing (``resize_mode``: open_clip's ``shortest``, ``longest``, ``squash``).
@@ -92,12 +96,16 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
         interpolation: str | None = None,
         resize_mode: str | None = None,
         preprocess: dict[str, Any] | None = None,
+        batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        if batches_per_epoch is not None and batches_per_epoch < 1:
+            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        self.batches_per_epoch = batches_per_epoch
         self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self._eval_batch_size = eval_batch_size
         self.num_workers = int(num_workers)
         overrides = recipe_values(
             preprocess, image_size=image_size, mean=mean, std=std,
@@ -158,6 +166,20 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
         )  # fmt: skip
         return image_transform_v2(cfg, is_train=train)
 
+    batch_is_global = True  # rl-gap fit refuses a batch the ranks cannot share
+
+    @property
+    def device_batch_size(self) -> int:
+        """Each rank's share of the global ``batch_size``."""
+        from rl_gap.data.resumable import per_device_batch
+
+        return per_device_batch(self, self.batch_size)
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Per-device evaluation batch (default: the per-device training batch)."""
+        return int(self._eval_batch_size or self.device_batch_size)
+
     # subclasses provide the data
     def train_dataset(self) -> Dataset:
         """The training dataset (batches follow the protocol in the module docstring).
@@ -191,6 +213,13 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
                     f"training set has {len(dataset)} pairs, fewer than batch_size="
                     f"{self.batch_size} (incomplete batches are dropped)"
                 )
+        if self.batches_per_epoch is not None and isinstance(
+            dataset, torch.utils.data.IterableDataset
+        ):
+            raise ValueError(
+                "batches_per_epoch applies to a caption table; WebDataset shards set the "
+                "epoch with train_num_samples"
+            )
         if isinstance(dataset, ShardStream):  # WebDataset shards: a resumable stream
             return ResumableStreamLoader(
                 dataset,
@@ -199,14 +228,15 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
                 pin_memory=torch.cuda.is_available(),
             )
         if isinstance(dataset, torch.utils.data.IterableDataset):
-            return self._loader(dataset, self.batch_size, train=True)
+            return self._loader(dataset, self.device_batch_size, train=True)
         from rl_gap.data.resumable import resumable_train_loader
 
         return resumable_train_loader(
             self,
             dataset,
-            self.batch_size,
+            self.device_batch_size,
             seed=int(getattr(self, "seed", 0) or 0),
+            batches_per_epoch=self.batches_per_epoch,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=PairCollate(self.tokenizer),
@@ -270,10 +300,11 @@ class ImageTextDataModule(CLIPDataModuleBase):
         interpolation: str | None = None,
         resize_mode: str | None = None,
         preprocess: dict[str, Any] | None = None,
+        batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__(
             batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer,
-            interpolation, resize_mode, preprocess,
+            interpolation, resize_mode, preprocess, batches_per_epoch,
         )  # fmt: skip
         if train_table is not None and train_shards is not None:
             raise ValueError("give train_table or train_shards, not both")
@@ -305,7 +336,7 @@ class ImageTextDataModule(CLIPDataModuleBase):
                 self.train_shards,
                 transform,
                 num_samples=int(self.train_num_samples),
-                batch_size=self.batch_size,
+                batch_size=self.device_batch_size,
                 world_size=trainer.world_size if trainer is not None else 1,
                 num_workers=self.num_workers,
                 shuffle_buffer=self.shuffle_buffer,

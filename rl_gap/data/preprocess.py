@@ -113,6 +113,28 @@ def adopt_model_preprocess(datamodule: Any, model: Any) -> Preprocess | None:
     return datamodule.configure_preprocess(find_preprocess(model))
 
 
+def follow_model_preprocess(model: Any, *datasets: Any) -> Preprocess | None:
+    """Rebuild the evaluation transform of ``datasets`` for ``model`` (``rl-gap knn`` and
+    ``linear-probe`` load the checkpoint after the recipe's DataModule built its datasets).
+
+    A dataset made by a DataModule that follows the model carries it as ``preprocess_owner``;
+    the owner's recipe overrides still win. Prints the values in use; returns them (None when
+    no dataset follows a model).
+    """
+    import sys
+
+    found, used = find_preprocess(model), None
+    for dataset in datasets:
+        owner = getattr(dataset, "preprocess_owner", None)
+        if owner is None or not owner.follows_model:
+            continue
+        used = owner.configure_preprocess(found)
+        dataset.transform = eval_transform(used)
+    if used is not None:
+        print(used.describe(), file=sys.stderr)
+    return used
+
+
 # ------------------------------------------------------------------ transforms
 def _mode(name: str):
     from torchvision.transforms import InterpolationMode

@@ -75,7 +75,8 @@ class ImageFolderSSLDataModule(FollowsModelPreprocess, SSLDataModule):
             without a model). MoCo v3's recipes set ImageNet mean/std, as its paper's code.
         preprocess: the same overrides as one section.
         seed: seed of the subsets.
-        batch_size, num_workers, eval_batch_size, pin_memory: see :class:`SSLDataModule`.
+        batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch: see
+            :class:`SSLDataModule` (``batch_size`` is the global batch).
     """
 
     def __init__(
@@ -96,8 +97,9 @@ class ImageFolderSSLDataModule(FollowsModelPreprocess, SSLDataModule):
         num_workers: int = 8,
         eval_batch_size: int | None = None,
         pin_memory: bool = True,
+        batches_per_epoch: int | None = None,
     ) -> None:
-        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory)
+        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch)
         self.train_dir = train_dir
         self.val_dir = val_dir
         self.init_preprocess(
@@ -139,3 +141,5 @@ class ImageFolderSSLDataModule(FollowsModelPreprocess, SSLDataModule):
         queries = Subset(val, fixed_subset_indices(len(val), self.knn_query_size, self.seed + 1))
         self.bank_set = EvalDataset(bank, evaluate)
         self.query_set = EvalDataset(queries, evaluate)
+        for dataset in (self.bank_set, self.query_set):  # rl-gap knn / linear-probe re-point them
+            dataset.preprocess_owner = self

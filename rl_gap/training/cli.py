@@ -126,6 +126,18 @@ def check_batch_divides_ranks(trainer: L.Trainer, datamodule: Any) -> None:
         _fail(problem)
 
 
+def batch_share_line(trainer: L.Trainer, datamodule: Any) -> str | None:
+    """``batch: 4096 global (the batch the loss ranks) = 8 ranks x 512 per device``."""
+    batch = getattr(datamodule, "batch_size", None)
+    if not getattr(datamodule, "batch_is_global", False) or not isinstance(batch, int):
+        return None
+    world = int(getattr(trainer, "num_devices", 1) or 1) * int(getattr(trainer, "num_nodes", 1) or 1)
+    return (
+        f"batch: {batch} global (the batch the loss ranks) = {world} rank(s) x "
+        f"{batch // world} per device"
+    )
+
+
 class RLGapCLI(LightningCLI):
     """LightningCLI with rl_gap's output folder, loggers and callbacks (see module docstring)."""
 
@@ -326,6 +338,9 @@ class RLGapCLI(LightningCLI):
         launcher = self.trainer.strategy.launcher
         self._stop_if_requested("before training started: nothing to save")
         check_batch_divides_ranks(self.trainer, self.datamodule)
+        line = batch_share_line(self.trainer, self.datamodule) if subcommand == "fit" else None
+        if line and rank_zero_only.rank == 0:
+            sys.stderr.write(line + "\n")
         for logger in self.trainer.loggers:  # the launcher and its ranks agree on version_N
             getattr(logger, "version", None)
         try:

@@ -134,7 +134,7 @@ def readable_run_name(
     limit: int = 120,
 ) -> str:
     """``sop_gsap seed0 lr=0.001 loss.name=msap``: the recipe's name, the seed and the keys
-    the command line changed (``model.init_args.`` / ``data.init_args.`` shortened), then
+    the command line changed (``model.init_args.``, ``data.init_args.``, ``trainer.`` dropped), then
     ``:<command>`` for an evaluation; cut at ``limit`` characters with ``+N more``."""
     stem = Path(str(config_files[-1])).stem if config_files else "run"
     words = [stem]
@@ -151,7 +151,7 @@ def readable_run_name(
 
 
 def _short_key(key: str) -> str:
-    for prefix in ("model.init_args.", "data.init_args.", "model.", "data."):
+    for prefix in ("model.init_args.", "data.init_args.", "model.", "data.", "trainer."):
         if key.startswith(prefix):
             return key[len(prefix) :]
     return key

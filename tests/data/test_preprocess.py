@@ -128,3 +128,25 @@ def test_clip_datamodule_uses_open_clips_own_transform(tmp_path, model, tag):
 def test_clip_refuses_crop_pct():
     with pytest.raises(PreprocessError, match="resize_mode"):
         ImageTextDataModule(preprocess={"crop_pct": 0.9})
+
+
+def test_knn_datasets_follow_the_loaded_checkpoint(tmp_path):
+    """rl-gap knn / linear-probe build the datasets first, then load the module."""
+    from rl_gap.data.preprocess import follow_model_preprocess
+
+    dm = ImageFolderSSLDataModule(
+        _folder(tmp_path / "tr"), _folder(tmp_path / "va"), num_workers=0, pin_memory=False,
+        crop_pct=0.8,
+    )  # fmt: skip
+    dm.setup("validate")  # no model yet: ImageNet defaults
+    assert dm.preprocessing.interpolation == "bilinear"
+    net, _ = create_backbone("resnet18.a1_in1k")
+    pp = follow_model_preprocess(net, dm.bank_set, dm.query_set)
+    assert (pp.interpolation, pp.crop_pct) == ("bicubic", 0.8)  # the model's, the recipe's crop
+    import timm.data
+
+    config = {**timm.data.resolve_model_data_config(net), "crop_pct": 0.8}
+    path = dm.query_set.base.dataset.samples[0][0]
+    image = Image.open(path).convert("RGB")
+    reference = timm.data.create_transform(**config, is_training=False)(image)
+    assert torch.allclose(dm.query_set[0]["image"], reference, atol=1e-6)

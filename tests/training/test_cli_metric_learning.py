@@ -111,8 +111,8 @@ def test_outputs_csv_wandb_offline_checkpoints(run_dir, capsys, monkeypatch):
     run_id = (root / "wandb_id").read_text().strip()
     assert run["group"] == run_id == (root / "wandb_group").read_text().strip()
     assert run["name"] == (
-        "mnist_gsap seed0 trainer.check_val_every_n_epoch=1 trainer.limit_train_batches=2 "
-        "trainer.limit_val_batches=1 trainer.max_epochs=1"
+        "mnist_gsap seed0 check_val_every_n_epoch=1 limit_train_batches=2 "
+        "limit_val_batches=1 max_epochs=1"
     )
 
 

@@ -70,7 +70,7 @@ def test_readable_run_name():
     changed = {"model.init_args.lr": 0.002, "model.init_args.loss.name": "msap",
                "trainer.max_epochs": 3}  # fmt: skip
     name = readable_run_name(["recipes/metric_learning/sop_gsap.yaml"], 0, changed)
-    assert name == "sop_gsap seed0 loss.name=msap lr=0.002 trainer.max_epochs=3"
+    assert name == "sop_gsap seed0 loss.name=msap lr=0.002 max_epochs=3"
     assert readable_run_name(["a/b.yaml"], 1, {}, "test") == "b seed1:test"
     many = {f"k{i}": i for i in range(40)}
     cut = readable_run_name(["a/b.yaml"], 0, many, limit=40)
