@@ -99,7 +99,8 @@ def usage() -> str:
     rows = [f"  {k:<{width}}  {v}" for k, v in TRAINING_COMMANDS.items()]
     rows += [f"  {k:<{width}}  {help_text}" for k, (_, help_text) in COMMANDS.items()]
     return (
-        "usage: rl-gap COMMAND [options]   (rl-gap COMMAND --help for its options)\n\n"
+        "usage: rl-gap COMMAND [options]   (rl-gap COMMAND --help for its options; "
+        "rl-gap --version)\n\n"
         "commands:\n" + "\n".join(rows) + "\n"
     )
 
@@ -156,6 +157,11 @@ def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
 
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] in (["--version"], ["-V"]):
+        from rl_gap import __version__
+
+        print(f"rl-gap {__version__}")
+        return 0
     if not words or words[0] in ("-h", "--help"):
         print(usage(), end="")
         return 0 if words else 2
@@ -171,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if words[1:] in (["--help"], ["-h"]):
         return _training_help(words[0], argv)
+    from rl_gap.training.early_checks import early_error
+
+    problem = early_error(words)  # before torch and Lightning load (seconds)
+    if problem:
+        print(f"rl-gap: error: {problem}", file=sys.stderr)
+        return 2
     with cached_help(words):
         return run_training_command(argv)
 
