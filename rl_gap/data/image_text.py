@@ -33,6 +33,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     ZERO_SHOT,
     CaptionTableDataset,
     ImageItem,
+    caption_table_retrieval_sets,
     KarpathyPairs,
     PairCollate,
     RetrievalImages,
@@ -269,8 +270,10 @@ class ImageTextDataModule(CLIPDataModuleBase):
         train_num_samples: samples per epoch of the shards.
         image_root, image_key, caption_key, separator: caption-table options.
         resampled, shuffle_buffer, seed: WebDataset options.
-        retrieval: evaluation sets, each ``{name, annotations (Karpathy JSON),
-            image_root, split: test}``.
+        retrieval: evaluation sets, each either a held-out caption table ``{name, table
+            (CSV/TSV, the training table's layout), image_root (default: the table's
+            folder), image_key, caption_key, separator}`` or a Karpathy split ``{name,
+            annotations (Karpathy JSON), image_root, split: test}``.
         zero_shot: evaluation sets, each ``{name, root, classnames: null|file|
             list, templates: openai_imagenet|simple|[...]}``.
         (see ``CLIPDataModuleBase`` for the rest)
@@ -319,9 +322,14 @@ class ImageTextDataModule(CLIPDataModuleBase):
         self.retrieval = [dict(r) for r in retrieval or []]
         self.zero_shot = [dict(z) for z in zero_shot or []]
         for spec in self.retrieval:
+            if "table" in spec:
+                continue
             missing = {"annotations", "image_root"} - set(spec)
             if missing:
-                raise ValueError(f"retrieval set {spec} lacks key(s) {sorted(missing)}")
+                raise ValueError(
+                    f"retrieval set {spec} lacks key(s) {sorted(missing)} (give a held-out "
+                    "caption table as 'table', or a Karpathy JSON as 'annotations' + 'image_root')"
+                )
         for spec in self.zero_shot:
             if "root" not in spec:
                 raise ValueError(f"zero-shot set {spec} lacks the 'root' folder")
@@ -352,6 +360,18 @@ class ImageTextDataModule(CLIPDataModuleBase):
         transform = self.image_transform(train=False)
         sets: list[Dataset] = []
         for spec in self.retrieval:
+            if "table" in spec:
+                images, texts = caption_table_retrieval_sets(
+                    spec["table"],
+                    spec.get("image_root"),
+                    spec.get("image_key", self.table_options["image_key"]),
+                    spec.get("caption_key", self.table_options["caption_key"]),
+                    spec.get("separator", self.table_options["separator"]),
+                    transform=transform,
+                    name=spec.get("name", Path(spec["table"]).stem),
+                )
+                sets += [images, texts]
+                continue
             images, texts = karpathy_retrieval_sets(
                 spec["annotations"],
                 spec["image_root"],
@@ -384,6 +404,7 @@ __all__ = [
     "RetrievalImages",
     "RetrievalTexts",
     "Transform",
+    "caption_table_retrieval_sets",
     "karpathy_retrieval_sets",
     "load_image",
     "read_caption_table",
