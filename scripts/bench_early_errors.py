@@ -29,8 +29,13 @@ def cases(data: str) -> dict[str, list[str]]:
         "misspelt model key": [*fit, "--data.init_args.root", data, "--model.init_args.lrr", "1"],
         "bad value": [*fit, "--data.init_args.root", data, "--data.init_args.batch_size", "abc"],
         "missing data folder": [*fit, "--data.init_args.root", "/no/such/folder"],
-        "accumulate_grad_batches": [*fit, "--data.init_args.root", data,
-                                    "--trainer.accumulate_grad_batches", "4"],  # fmt: skip
+        "accumulate_grad_batches": [
+            *fit,
+            "--data.init_args.root",
+            data,
+            "--trainer.accumulate_grad_batches",
+            "4",
+        ],  # fmt: skip
     }
 
 
@@ -58,7 +63,9 @@ def main() -> None:
                 seconds = statistics.median(r[0] for r in runs)
                 _, code, err = runs[-1]
                 lines = len([line for line in err.splitlines() if line.strip()])
-                print(f"{name:<26} {label:<8} {seconds:8.2f} {seconds / torch_s:8.2f} {code:5d} {lines}")
+                print(
+                    f"{name:<26} {label:<8} {seconds:8.2f} {seconds / torch_s:8.2f} {code:5d} {lines}"
+                )
 
 
 if __name__ == "__main__":

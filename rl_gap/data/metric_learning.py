@@ -164,8 +164,12 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
         super().__init__()
         self.init_preprocess(
             recipe_values(
-                preprocess, image_size=image_size, mean=mean, std=std,
-                interpolation=interpolation, crop_pct=crop_pct,
+                preprocess,
+                image_size=image_size,
+                mean=mean,
+                std=std,
+                interpolation=interpolation,
+                crop_pct=crop_pct,
             )  # fmt: skip
         )
         if not 0.0 <= val_split < 1.0:

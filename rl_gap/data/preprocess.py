@@ -33,9 +33,7 @@ from rl_gap.models.preprocess import (
 )
 
 
-def recipe_values(
-    preprocess: Mapping[str, Any] | None = None, **keys: Any
-) -> dict[str, Any]:
+def recipe_values(preprocess: Mapping[str, Any] | None = None, **keys: Any) -> dict[str, Any]:
     """The values a recipe sets: single keys (None = not set) and the ``preprocess:`` section.
 
     A key set both ways must agree (a run's saved config repeats the single keys inside

@@ -192,6 +192,11 @@ def resumable_train_loader(
             "already gives every rank its own slice of each global batch"
         )
     sampler = ShuffledBatchSampler(
-        len(dataset), batch_size, world, rank, seed, batches_per_epoch  # type: ignore[arg-type]
+        len(dataset),
+        batch_size,
+        world,
+        rank,
+        seed,
+        batches_per_epoch,  # type: ignore[arg-type]
     )
     return ResumableBatchLoader(SeededItems(dataset), batch_sampler=sampler, **loader_kwargs)

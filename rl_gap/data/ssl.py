@@ -214,9 +214,7 @@ class SSLDataModule(L.LightningDataModule):
         """Shuffled, seeded two-crop batches whose position is checkpointed (exact resume)."""
         if self.train_set is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not built the datasets")
-        from rl_gap.data.resumable import resumable_train_loader
-
-        from rl_gap.data.resumable import per_device_batch
+        from rl_gap.data.resumable import per_device_batch, resumable_train_loader
 
         return resumable_train_loader(
             self,

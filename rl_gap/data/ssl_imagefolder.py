@@ -104,8 +104,12 @@ class ImageFolderSSLDataModule(FollowsModelPreprocess, SSLDataModule):
         self.val_dir = val_dir
         self.init_preprocess(
             recipe_values(
-                preprocess, image_size=image_size, mean=mean, std=std,
-                interpolation=interpolation, crop_pct=crop_pct,
+                preprocess,
+                image_size=image_size,
+                mean=mean,
+                std=std,
+                interpolation=interpolation,
+                crop_pct=crop_pct,
             )  # fmt: skip
         )
         if not 0 < crop_min <= 1:

@@ -189,10 +189,14 @@ class CLIPEncoder(nn.Module):
         self.image_size = _image_size(config)
         # as open_clip.create_model_and_transforms: its defaults, the architecture's
         # preprocess_cfg, then the pretrained tag's (or Hub repository's) values
-        merged = merge_preprocess_dict(PreprocessCfg(), dict(self.config.get("preprocess_cfg") or {}))
+        merged = merge_preprocess_dict(
+            PreprocessCfg(), dict(self.config.get("preprocess_cfg") or {})
+        )
         merged = merge_preprocess_dict(merged, preprocess)
         merged["size"] = self.image_size
-        source = str(model_name or "the model_config") + (f" pretrained={pretrained}" if pretrained else "")
+        source = str(model_name or "the model_config") + (
+            f" pretrained={pretrained}" if pretrained else ""
+        )
         self.preprocess = open_clip_preprocess(merged, source)
         self.mean, self.std = self.preprocess.mean, self.preprocess.std
 

@@ -29,9 +29,9 @@ from rl_gap.models.pretrained import (
 # this attribute name; loading strips it so a fine-tuned run can seed another.
 MODULE_PREFIXES = ("module.", "clip.model.", "model.")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".npz")
-OPEN_CLIP_URL_CACHE = "~/.cache/clip"
+OPEN_CLIP_URL_CACHE = "~/.cache/clip"  # open_clip's cache for weights that are not on the Hub
 # the preprocessing a pretrained tag's registry entry states (open_clip's PreprocessCfg keys)
-PREPROCESS_ENTRY_KEYS = ("mean", "std", "interpolation", "resize_mode")  # open_clip's cache for weights that are not on the Hub
+PREPROCESS_ENTRY_KEYS = ("mean", "std", "interpolation", "resize_mode")
 
 
 def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -120,7 +120,9 @@ def check_values(values: Mapping[str, Any]) -> None:
                 or not value
                 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
             ):
-                raise PreprocessError(f"{key} must be a list of numbers (one per channel), got {value!r}")
+                raise PreprocessError(
+                    f"{key} must be a list of numbers (one per channel), got {value!r}"
+                )
             if key == "std" and any(v <= 0 for v in value):
                 raise PreprocessError(f"std must be > 0 for every channel, got {list(value)}")
         if key == "interpolation" and value not in INTERPOLATIONS:

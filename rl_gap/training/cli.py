@@ -75,9 +75,9 @@ from rl_gap.training.loggers import (
     default_loggers,
     describe_outputs,
     is_wandb_logger,
+    readable_run_name,
     record_run_id,
     resolve_wandb_mode,
-    readable_run_name,
     wandb_run_for,
 )
 from rl_gap.training.parser import (
@@ -131,7 +131,9 @@ def batch_share_line(trainer: L.Trainer, datamodule: Any) -> str | None:
     batch = getattr(datamodule, "batch_size", None)
     if not getattr(datamodule, "batch_is_global", False) or not isinstance(batch, int):
         return None
-    world = int(getattr(trainer, "num_devices", 1) or 1) * int(getattr(trainer, "num_nodes", 1) or 1)
+    world = int(getattr(trainer, "num_devices", 1) or 1) * int(
+        getattr(trainer, "num_nodes", 1) or 1
+    )
     return (
         f"batch: {batch} global (the batch the loss ranks) = {world} rank(s) x "
         f"{batch // world} per device"

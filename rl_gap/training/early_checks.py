@@ -140,7 +140,11 @@ def _section_error(section: str, recipe_section: Any, given: Mapping[str, Any]) 
     signature = class_signature(class_path) if class_path else None
     if signature is None:
         return None
-    values = dict((recipe_section or {}).get("init_args") or {}) if isinstance(recipe_section, dict) else {}
+    values = (
+        dict((recipe_section or {}).get("init_args") or {})
+        if isinstance(recipe_section, dict)
+        else {}
+    )
     for key, value in given.items():
         if not key.startswith(f"{section}.") or key == f"{section}.class_path":
             continue
@@ -225,7 +229,9 @@ def _module_source(module: str) -> tuple[ast.Module, str] | None:
     return None
 
 
-def _find_class(module: str, name: str, depth: int = 0) -> tuple[ast.ClassDef, str, ast.Module] | None:
+def _find_class(
+    module: str, name: str, depth: int = 0
+) -> tuple[ast.ClassDef, str, ast.Module] | None:
     """The class ``name`` defined in ``module`` or re-exported by it (lazy exports too)."""
     if depth > 4:
         return None
@@ -295,7 +301,9 @@ def _signature(module: str, name: str, depth: int) -> Signature | None:
     return Signature({**base.params, **params}, base.open)
 
 
-def _base_signature(node: ast.ClassDef, home: str, tree: ast.Module, depth: int) -> Signature | None:
+def _base_signature(
+    node: ast.ClassDef, home: str, tree: ast.Module, depth: int
+) -> Signature | None:
     imports = _imports(tree, home)
     for base in node.bases:
         base_name = ast.unparse(base).split("[")[0]

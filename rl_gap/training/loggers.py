@@ -14,7 +14,6 @@ to runs of their own in the training run's group (:func:`wandb_run_for`,
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 from collections.abc import Mapping

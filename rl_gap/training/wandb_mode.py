@@ -92,7 +92,11 @@ def _netrc_credentials() -> str | None:
 def _credential_files() -> list[Path]:
     """The files W&B may read a key from that exist: the netrc file, W&B's settings."""
     home = Path.home()
-    netrc = [Path(os.environ["NETRC"])] if os.environ.get("NETRC") else [home / ".netrc", home / "_netrc"]
+    netrc = (
+        [Path(os.environ["NETRC"])]
+        if os.environ.get("NETRC")
+        else [home / ".netrc", home / "_netrc"]
+    )
     config = Path(os.environ.get("WANDB_CONFIG_DIR") or home / ".config" / "wandb")
     return [p for p in [*netrc, config / "settings"] if p.is_file()]
 

@@ -46,7 +46,9 @@ def test_metric_learning_follows_timm_config_of_the_backbone(tmp_path):
     dm = ImageFolderDataModule(
         _folder(tmp_path / "tr"), _folder(tmp_path / "te", ("c", "d")), num_workers=0
     )
-    dm.trainer = SimpleNamespace(lightning_module=SimpleNamespace(encoder=encoder, modules=encoder.modules))
+    dm.trainer = SimpleNamespace(
+        lightning_module=SimpleNamespace(encoder=encoder, modules=encoder.modules)
+    )
     dm.setup("fit")
     x, _, _ = dm.datasets["test"][0]
     image = Image.open(dm.datasets["test"].paths[0]).convert("RGB")
@@ -86,7 +88,10 @@ def test_without_a_model_the_old_imagenet_transform_stays():
     dm = ImageFolderDataModule("a", "b")
     pp = dm.preprocessing
     assert (pp.image_size, pp.mean, pp.interpolation, pp.crop_pct) == (
-        224, (0.485, 0.456, 0.406), "bilinear", 0.875
+        224,
+        (0.485, 0.456, 0.406),
+        "bilinear",
+        0.875,
     )
     resize = eval_transform(pp).transforms[0]
     assert resize.size == 256  # 224 / 0.875, as before
@@ -107,7 +112,9 @@ def test_moco_imagefolder_follows_the_backbone(tmp_path):
     assert crop.interpolation.value == "bicubic" and crop.size == (224, 224)
 
 
-@pytest.mark.parametrize(("model", "tag"), [("ViT-H-14", "dfn5b"), ("ViT-L-14", "laion2b_s32b_b82k")])
+@pytest.mark.parametrize(
+    ("model", "tag"), [("ViT-H-14", "dfn5b"), ("ViT-L-14", "laion2b_s32b_b82k")]
+)
 def test_clip_datamodule_uses_open_clips_own_transform(tmp_path, model, tag):
     entry = open_clip.get_pretrained_cfg(model, tag)
     config = {**tiny_clip_config(), "quick_gelu": bool(entry.get("quick_gelu", False))}

@@ -29,11 +29,23 @@ def test_signatures_follow_kwargs_to_the_base_class():
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--model.init_args.lrr", "1e-3"], "MetricLearningModule has no argument 'lrr' (did you mean lr?"),
-        (["--data.batchsize", "64"], "SOPDataModule has no argument 'batchsize' (did you mean batch_size?"),
+        (
+            ["--model.init_args.lrr", "1e-3"],
+            "MetricLearningModule has no argument 'lrr' (did you mean lr?",
+        ),
+        (
+            ["--data.batchsize", "64"],
+            "SOPDataModule has no argument 'batchsize' (did you mean batch_size?",
+        ),
         (["--trainr.max_epochs", "3"], "unknown key --trainr.max_epochs (did you mean --trainer?)"),
-        (["--data.init_args.batch_size", "abc"], "--data.init_args.batch_size: expected int, got 'abc'"),
-        (["--trainer.accumulate_grad_batches", "4"], "accumulate_grad_batches=4 would split each batch"),
+        (
+            ["--data.init_args.batch_size", "abc"],
+            "--data.init_args.batch_size: expected int, got 'abc'",
+        ),
+        (
+            ["--trainer.accumulate_grad_batches", "4"],
+            "accumulate_grad_batches=4 would split each batch",
+        ),
     ],
 )
 def test_bad_key_or_value(tmp_path, extra, expected):
@@ -42,7 +54,9 @@ def test_bad_key_or_value(tmp_path, extra, expected):
 
 
 def test_missing_path_and_config():
-    assert early_error(["fit", "--config", SOP]) == "--data.init_args.root: /data/sop does not exist"
+    assert (
+        early_error(["fit", "--config", SOP]) == "--data.init_args.root: /data/sop does not exist"
+    )
     assert "does not exist" in early_error(["fit", "--config", "nope/none.yaml"])
     moco = early_error(["fit", "--config", MOCO, "--data.init_args.train_dir", "/nope"])
     assert moco == "--data.init_args.train_dir: /nope does not exist"

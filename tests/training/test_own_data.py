@@ -115,7 +115,10 @@ def test_caption_tables_fit_with_held_out_retrieval_predict_evaluate(tmp_path, m
     got = json.loads(out.read_text())
     images = np.load(folder / "image_embeddings.npy").astype(np.float64)
     texts = np.load(folder / "text_embeddings.npy").astype(np.float64)
-    image_group, text_group = np.load(folder / "image_labels.npy"), np.load(folder / "text_labels.npy")
+    image_group, text_group = (
+        np.load(folder / "image_labels.npy"),
+        np.load(folder / "text_labels.npy"),
+    )
     assert images.shape[0] == 3 and texts.shape[0] == 6  # each image once, every caption
     relevant = image_group[:, None] == text_group[None]
     assert relevant.sum() == 6
