@@ -17,13 +17,17 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
   the evaluation commands use the newest version; a recipe without a seed runs in
   ``seedauto[-<hash>]`` with its drawn seed recorded in its checkpoints;
 - loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
-  the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
-  ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
-  folder, the whole resolved config as the W&B config; a fresh fit gets a new W&B id,
-  only a resumed fit continues the id its checkpoint recorded, and
-  ``validate``/``test``/``predict`` log to W&B runs of their own grouped with the
-  training run (``rl_gap.training.loggers.wandb_run_for``); ``--wandb_entity``,
+  the resolved config in ``version_N/config.yaml``) and W&B, online where W&B finds
+  credentials (``wandb login``, ``WANDB_API_KEY``), else *offline* (never waits for a
+  network; one line says which), its files inside the run folder, the whole resolved
+  config as the W&B config, named after the recipe and the changed keys; a fresh fit
+  gets a new W&B id and group, only a resumed fit continues the id its checkpoint
+  recorded, and ``validate``/``test``/``predict`` log to W&B runs of their own in the
+  training run's group (``rl_gap.training.loggers.wandb_run_for``); ``--wandb_entity``,
   ``--wandb_tags``, ``--wandb_group``; ``--wandb off`` drops it;
+- the DataModule follows the model's preprocessing (``rl_gap.data.preprocess``): printed
+  in one line and recorded in the run's config (``data.init_args.preprocess``); the
+  global batch's per-device share printed at start-up;
 - a warning before the first step when the schedule never validates
   (``rl_gap.training.schedule_check``); throughput keys ``perf/*``
   (``rl_gap.callbacks.speed``);
@@ -167,7 +171,8 @@ class RLGapCLI(LightningCLI):
             "--wandb",
             type=WandbMode,
             default="auto",
-            help="W&B logging (auto: offline w/o API key)",
+            help="W&B logging (auto: online with W&B credentials, e.g. after `wandb login`, "
+            "else offline)",
         )
         parser.add_argument("--wandb_project", type=str, default="rl_gap", help="W&B project")
         parser.add_argument(
