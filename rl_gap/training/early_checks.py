@@ -181,8 +181,11 @@ def _value_error(annotation: str | None, value: Any) -> str | None:
         return None
     allowed = kinds - {"None"}
     checks = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "int": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or _parses(int, v),
+        # YAML reads 1e-4 as a string; jsonargparse still takes it as a float
+        "float": lambda v: (
+            (isinstance(v, int | float) and not isinstance(v, bool)) or _parses(float, v)
+        ),
         "bool": lambda v: isinstance(v, bool),
     }
     if not allowed or not allowed <= set(checks):
@@ -190,6 +193,16 @@ def _value_error(annotation: str | None, value: Any) -> str | None:
     if any(checks[kind](value) for kind in allowed):
         return None
     return f"expected {' or '.join(sorted(kinds))}, got {value!r}"
+
+
+def _parses(kind: type, value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        kind(value)
+    except ValueError:
+        return False
+    return True
 
 
 class Signature:

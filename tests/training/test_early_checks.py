@@ -65,7 +65,8 @@ def test_missing_path_and_config():
 def test_valid_command_lines_pass(tmp_path):
     ok = ["fit", "--config", SOP, "--data.init_args.root", str(tmp_path), "--model.loss.name",
           "msap", "--model.lr", "0.1", "--trainer.accumulate_grad_batches", "4",
-          "--model.allow_split_batch", "true", "--data.init_args.batches_per_epoch", "5"]  # fmt: skip
+          "--model.allow_split_batch", "true", "--data.init_args.batches_per_epoch", "5",
+          "--model.init_args.lr", "1e-4", "--model.init_args.weight_decay", "-1e-3"]  # fmt: skip
     assert early_error(ok) is None
     assert early_error(["fit", "--config", SOP, "--print_config"]) is None  # the parser's job
     moco = ["fit", "--config", MOCO, "--data.init_args.train_dir", str(tmp_path),
