@@ -155,22 +155,25 @@ def _folder_id(folder: Path) -> str | None:
 
 
 def command_folder(args: Any) -> Path:
-    """Where a plain command's W&B files go: the run folder of its ``--checkpoint``
-    (``<run>/checkpoints/x.ckpt``), else the folder of its ``--output``, else its
-    ``--embeddings`` folder, else the working directory."""
-    checkpoint = getattr(args, "checkpoint", None)
-    if checkpoint:
-        path = Path(checkpoint).resolve()
-        return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    """Where a plain command's W&B files go: the training run folder (the one holding
+    ``wandb_id``) above its ``--checkpoint`` or input embeddings (``--queries`` of a predict
+    folder), else the folder of its ``--output``, else the checkpoint's folder, else the
+    working directory."""
+    inputs = [getattr(args, name, None) for name in ("checkpoint", "queries", "embeddings")]
+    for value in inputs:
+        if isinstance(value, str) and value:
+            path = Path(value).resolve()
+            for folder in [path, *path.parents][:5]:
+                if (folder / "wandb_id").is_file():
+                    return folder
     output = getattr(args, "output", None)
     if output:
         path = Path(output)
         return path.parent if path.suffix else path
-    for name in ("embeddings", "predictions", "input"):
-        value = getattr(args, name, None)
-        if isinstance(value, str) and Path(value).exists():
-            path = Path(value)
-            return path if path.is_dir() else path.parent
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint:
+        path = Path(checkpoint).resolve()
+        return path.parent.parent if path.parent.name == "checkpoints" else path.parent
     return Path.cwd()
 
 

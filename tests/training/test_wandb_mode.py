@@ -106,3 +106,17 @@ def test_evaluate_logs_to_its_own_offline_run(tmp_path, fake_home):
     assert run["summary"]["gap"] == pytest.approx(metrics["gap"])
     # no credentials: auto logs nothing
     assert main(argv) == 0 and len(offline_runs(tmp_path)) == 1
+
+
+def test_evaluate_of_a_predict_folder_joins_the_training_group(tmp_path, fake_home):
+    run = tmp_path / "runs" / "sop_gsap" / "seed0"
+    folder = run / "embeddings" / "test"
+    folder.mkdir(parents=True)
+    record_run_id(run, "abcd1234", "sweep7")
+    rng = np.random.default_rng(1)
+    np.save(folder / "embeddings.npy", rng.normal(size=(10, 4)).astype(np.float32))
+    np.save(folder / "labels.npy", np.arange(10) % 2)
+    assert main(["evaluate", "--queries", str(folder), "--wandb", "offline"]) == 0
+    (run_dir,) = offline_runs(run / "wandb")
+    got = read_run(run_dir)
+    assert got["group"] == "sweep7" and got["job_type"] == "evaluate"
