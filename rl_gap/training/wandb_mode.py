@@ -36,9 +36,12 @@ def wandb_mode_reason(mode: str, without_credentials: str = "offline") -> tuple[
         return "off", f"WANDB_MODE={env}"
     if mode != "auto":
         return mode, f"--wandb {mode}"
-    if env in ("offline", "dryrun"):
+    plain = without_credentials == "off"  # a plain command logs only where W&B would
+    if env in ("offline", "dryrun") and not plain:
         return "offline", f"WANDB_MODE={env}"
     source = wandb_credentials()
+    if source and env in ("offline", "dryrun"):
+        return "offline", f"WANDB_MODE={env}"
     if source:
         return "online", f"credentials from {source}"
     return without_credentials, (

@@ -49,6 +49,13 @@ def test_environment_and_wandb_mode_win(fake_home, monkeypatch):
     assert wandb_mode_reason("auto") == ("online", "credentials from WANDB_API_KEY")
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert wandb_mode_reason("auto") == ("offline", "WANDB_MODE=offline")
+    assert wandb_mode_reason("auto", without_credentials="off")[0] == "offline"
+    monkeypatch.delenv("WANDB_API_KEY")
+    # Lightning's WandbLogger sets WANDB_MODE=dryrun for the whole process: a plain
+    # command's auto still needs credentials
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    assert wandb_mode_reason("auto", without_credentials="off")[0] == "off"
+    assert wandb_mode_reason("auto")[0] == "offline"
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert wandb_mode_reason("online")[0] == "off"
 
