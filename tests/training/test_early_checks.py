@@ -92,3 +92,14 @@ def test_version(capsys):
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"rl-gap {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "recipe", sorted((REPO / "recipes").glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
+def test_shipped_recipes_raise_nothing_but_missing_data(recipe):
+    problem = early_error(["fit", "--config", str(recipe)])
+    if recipe.parent.name == "demo":
+        assert problem is None  # the demos bring their data
+    else:
+        assert problem is None or problem.endswith("does not exist"), problem
