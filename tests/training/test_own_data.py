@@ -47,7 +47,6 @@ def _run_folder(output: Path, recipe: str) -> Path:
     return folder
 
 
-@pytest.mark.slow
 def test_image_folders_fit_predict_evaluate(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     train = _class_folders(tmp_path / "train", ["a", "b", "c", "d"], 4, seed=0)
@@ -83,7 +82,6 @@ def test_image_folders_fit_predict_evaluate(tmp_path, monkeypatch, capsys):
     assert got["gap"] == pytest.approx(_gap(x @ x.T, y[:, None] == y[None], valid), abs=1e-6)
 
 
-@pytest.mark.slow
 def test_caption_tables_fit_with_held_out_retrieval_predict_evaluate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rows = ["filepath,title"]
