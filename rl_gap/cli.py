@@ -40,13 +40,33 @@ def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# plain commands whose result goes to a W&B run of its own (rl_gap.training.wandb_mode)
+WANDB_COMMANDS = ("evaluate", "knn", "linear-probe", "extrapolate")
+
+
 def build_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     """The argparse parser of sub-command ``name`` (its defaults shown in --help) and its module."""
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"rl-gap {name}", description=help_text)
     module.add_arguments(parser)
+    if name in WANDB_COMMANDS:
+        parser.add_argument(
+            "--wandb", choices=("auto", "online", "offline", "off"), default="auto",
+            help="log the result to a W&B run of its own, in the training run's group "
+            "(auto: only where W&B finds credentials: WANDB_API_KEY, `wandb login`)",
+        )  # fmt: skip
+        parser.add_argument("--wandb_project", default="rl_gap", help="W&B project")
     return show_defaults(parser), module
+
+
+def _wandb_context(name: str, args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """The command's W&B run (``--wandb``), or nothing; wandb is imported only when on."""
+    if name not in WANDB_COMMANDS:
+        return contextlib.nullcontext()
+    from rl_gap.training.wandb_mode import command_wandb_run
+
+    return command_wandb_run(name, args, args.wandb, args.wandb_project)
 
 
 def _run_command(name: str, argv: list[str], one_line_errors: bool = False) -> int:
@@ -56,9 +76,11 @@ def _run_command(name: str, argv: list[str], one_line_errors: bool = False) -> i
     parser, module = build_parser(name)
     args = parser.parse_args(argv)
     if not one_line_errors:
-        return int(module.run(args) or 0)
+        with _wandb_context(name, args):
+            return int(module.run(args) or 0)
     try:
-        return int(module.run(args) or 0)
+        with _wandb_context(name, args):
+            return int(module.run(args) or 0)
     except (ValueError, OSError) as err:
         print(f"rl-gap {name}: error: {err}", file=sys.stderr)
         return 2
@@ -77,7 +99,8 @@ def usage() -> str:
     rows = [f"  {k:<{width}}  {v}" for k, v in TRAINING_COMMANDS.items()]
     rows += [f"  {k:<{width}}  {help_text}" for k, (_, help_text) in COMMANDS.items()]
     return (
-        "usage: rl-gap COMMAND [options]   (rl-gap COMMAND --help for its options)\n\n"
+        "usage: rl-gap COMMAND [options]   (rl-gap COMMAND --help for its options; "
+        "rl-gap --version)\n\n"
         "commands:\n" + "\n".join(rows) + "\n\n"
         "--quiet: no progress bar (on a training command: --trainer.enable_progress_bar false)\n"
     )
@@ -135,6 +158,11 @@ def cached_help(words: list[str]) -> contextlib.AbstractContextManager:
 
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] in (["--version"], ["-V"]):
+        from rl_gap import __version__
+
+        print(f"rl-gap {__version__}")
+        return 0
     if not words or words[0] in ("-h", "--help"):
         print(usage(), end="")
         return 0 if words else 2
@@ -151,9 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     if words[1:] in (["--help"], ["-h"]):
         return _training_help(words[0], argv)
     if "--quiet" in words[1:]:
-        argv = quiet_training_words(words)
+        quiet_words = quiet_training_words(words)
+        argv = quiet_words
         if sys.argv[1:] == words:  # the console script: LightningCLI reads sys.argv
-            sys.argv[1:], argv = argv, None
+            sys.argv[1:], argv = quiet_words, None
+        words = quiet_words
+    from rl_gap.training.early_checks import early_error
+
+    problem = early_error(words)  # before torch and Lightning load (seconds)
+    if problem:
+        print(f"rl-gap: error: {problem}", file=sys.stderr)
+        return 2
     with cached_help(words):
         return run_training_command(argv)
 

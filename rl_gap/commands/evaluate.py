@@ -14,6 +14,7 @@ Example::
     rl-gap evaluate --queries q.npy --query-labels q_labels.txt \
         --database db.npy --database-labels db_labels.txt --output metrics.json
     rl-gap evaluate --queries all.npy --query-labels labels.npy   # leave-one-out
+    rl-gap evaluate --queries runs/x/seed0/embeddings/test         # an rl-gap predict folder
 
 Without ``--database`` the queries are the database and evaluation is
 leave-one-out (self pairs excluded; said on stderr). A ``--database`` holding the
@@ -48,8 +49,14 @@ _LAYOUT = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--queries", required=True, help="query embeddings (.npy or .pt)")
-    parser.add_argument("--database", help="database embeddings; default: the queries")
+    parser.add_argument(
+        "--queries", required=True,
+        help="query embeddings (.npy or .pt), or an rl-gap predict folder <run>/embeddings/<split>",
+    )  # fmt: skip
+    parser.add_argument(
+        "--database", help="database embeddings or predict folder; default: the queries "
+        "(a CLIP retrieval folder: its captions)",
+    )  # fmt: skip
     parser.add_argument("--query-labels", help="query labels (.npy/.pt/.txt/.csv)")
     parser.add_argument("--database-labels", help="database labels; default: query labels")
     self_pairs = parser.add_mutually_exclusive_group()
@@ -81,6 +88,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the metrics as JSON here")
     add_quiet_argument(parser)  # the engine's blocks, on stderr
+
+
+def predict_folders(args: argparse.Namespace) -> None:
+    """``--queries`` / ``--database`` given as an ``rl-gap predict`` output folder
+    (``<run>/embeddings/<split>/``) become its files, in place on ``args``.
+
+    A folder with ``embeddings.npy`` + ``labels.npy`` gives embeddings and labels (without
+    ``--database``: leave-one-out on it). A CLIP retrieval folder (``image_embeddings.npy``,
+    ``text_embeddings.npy`` and their labels) without ``--database`` evaluates image ->
+    caption retrieval: the images query, the captions are the database, relevance is the
+    caption group. Explicit ``--*-labels`` win.
+    """
+    for side in ("queries", "database"):
+        folder = getattr(args, side)
+        if folder is None or not Path(folder).is_dir():
+            continue
+        folder = Path(folder)
+        labels = "query_labels" if side == "queries" else "database_labels"
+        if (folder / "embeddings.npy").is_file():
+            prefix = ""
+        elif side == "queries" and (folder / "image_embeddings.npy").is_file():
+            prefix = "image_"
+            if args.database is None and (folder / "text_embeddings.npy").is_file():
+                args.database = str(folder / "text_embeddings.npy")
+                if args.database_labels is None:
+                    args.database_labels = str(folder / "text_labels.npy")
+        elif side == "database" and (folder / "text_embeddings.npy").is_file():
+            prefix = "text_"
+        else:
+            raise FileNotFoundError(
+                f"--{side} {folder}: not an rl-gap predict folder (it holds embeddings.npy + "
+                "labels.npy, or a CLIP retrieval set's image_/text_embeddings.npy + labels)"
+            )
+        setattr(args, side, str(folder / f"{prefix}embeddings.npy"))
+        if getattr(args, labels) is None:
+            setattr(args, labels, str(folder / f"{prefix}labels.npy"))
 
 
 def _require(path: str) -> Path:
@@ -276,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
     check_block_size(args.block_size, "--block-size")
     check_count(args.bootstrap, "--bootstrap")
     check_suite_arguments(args.ks, args.precision, args.map_at)
+    predict_folders(args)
     queries, q_pt_labels = load_embeddings(args.queries)
     database, d_pt_labels = (
         (queries, q_pt_labels) if args.database is None else load_embeddings(args.database)
@@ -302,6 +346,9 @@ def run(args: argparse.Namespace) -> int:
             + ": every metric would be NaN; check the labels"
         )
     print(format_table(metrics))
+    from rl_gap.training.wandb_mode import log_command_result
+
+    log_command_result(metrics)  # the command's W&B run, when W&B is on
     if args.output:
         # atomic: a full disk or a kill mid-write leaves the previous file as it was
         out = write_text_atomic(args.output, json.dumps(metrics, indent=2, allow_nan=True))

@@ -231,6 +231,9 @@ def run(args: argparse.Namespace) -> int:
         predictor = tail_predictor(pos, state, k, config=config, seed=args.seed, bayes=bayes)
         out = _estimate_all(args, estimators, predictor, score_range, progress)
         emit(out, args.format)
+        from rl_gap.training.wandb_mode import log_command_result
+
+        log_command_result(out)  # the command's W&B run, when W&B is on
         # Results first: a failing plot must never lose them.
         write_json(args.json, out, quiet=args.format != "table")
         if args.plot:

@@ -72,7 +72,9 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--train-dir", help="imagefolder: training images, <dir>/<class>/<image>")
     parser.add_argument("--val-dir", help="imagefolder: evaluated images, same layout")
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="crop side (default: the model's input size)"
+    )
     parser.add_argument("--num-train", type=int, default=4000, help="mnist5k: training digits")
     parser.add_argument("--batch-size", type=int, default=256, help="feature extraction batch")
     parser.add_argument("--num-workers", type=int, default=0)
@@ -258,6 +260,9 @@ def extract_features(
 
 
 def emit(result: dict[str, Any], output: str | None) -> None:
+    from rl_gap.training.wandb_mode import log_command_result
+
+    log_command_result(result)  # knn and linear-probe: the command's W&B run, when W&B is on
     text = json.dumps(result, indent=2)
     print(text)
     if output:
@@ -281,6 +286,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
     module_class, (bank_set, query_set) = resolve_sources(args)
     module = load_module(args.checkpoint, module_class, args.device)
+    from rl_gap.data.preprocess import follow_model_preprocess
+
+    follow_model_preprocess(module, bank_set, query_set)  # the checkpoint's backbone's transform
     too_large = [k for k in args.k if k > len(bank_set)]
     if too_large:
         # the classifier would use the whole bank and report it under the asked k

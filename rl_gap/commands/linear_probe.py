@@ -188,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{option} must be >= 1, got {value}")
     module_class, (train_set, val_set) = resolve_sources(args)
     module = load_module(args.checkpoint, module_class, args.device)
+    from rl_gap.data.preprocess import follow_model_preprocess
+
+    follow_model_preprocess(module, train_set, val_set)  # the checkpoint's backbone's transform
     loader = (args.batch_size, args.num_workers, args.device)
     with progress(args.quiet) as bar:
         train = extract_features(module, train_set, *loader, bar, "train features")

@@ -36,6 +36,7 @@ class MNISTDistractorDemoDataModule(MetricLearningDataModule):
     """
 
     MEAN, STD = 0.1307, 0.3081
+    follows_model = False  # in memory, normalised once with MNIST's own statistics
 
     def __init__(
         self,

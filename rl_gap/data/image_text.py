@@ -38,6 +38,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     RetrievalImages,
     RetrievalTexts,
     Transform,
+    caption_table_retrieval_sets,
     karpathy_retrieval_sets,
     load_image,
     read_caption_table,
@@ -45,22 +46,41 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     stable_group_id,
     webdataset_pairs,
 )
+from rl_gap.data.preprocess import FollowsModelPreprocess, recipe_values
 from rl_gap.data.shard_stream import ResumableStreamLoader, ShardStream
+from rl_gap.models.preprocess import Preprocess, PreprocessError, find_preprocess
+
+
+def open_clip_defaults() -> Preprocess:
+    """open_clip's ``PreprocessCfg()`` defaults (OpenAI statistics, bicubic, 224 pixels)."""
+    from open_clip.transform import PreprocessCfg
+
+    from rl_gap.models.preprocess import open_clip_preprocess
+
+    pp = open_clip_preprocess(vars(PreprocessCfg()), "the model")
+    return pp.with_values({}, "open_clip's defaults")
 
 
 # -------------------------------------------------------------- DataModules
-class CLIPDataModuleBase(L.LightningDataModule):
+class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
     """Loaders shared by the CLIP data modules.
 
-    Preprocessing (image size, mean/std) and the tokenizer default to the
-    model's: ``CLIPFineTuneModule.setup`` calls ``configure_for_model`` so a
-    recipe names the architecture once. Explicit arguments here win.
+    Preprocessing and the tokenizer default to the model's: open_clip's preprocess
+    config of the architecture and pretrained tag (size, mean, std, interpolation, resize
+    mode), and open_clip's transforms built from it (``image_transform_v2``), so a recipe
+    names the architecture once. Explicit arguments here win.
 
     Args:
-        batch_size: per-process training batch (global = × devices × nodes).
-        eval_batch_size: per-process evaluation batch (default: batch_size).
+        batch_size: the *global* training batch (all devices together), the batch the loss
+            ranks; each of the ``devices × nodes`` ranks loads ``batch_size / ranks``
+            (printed at start-up).
+        eval_batch_size: per-device evaluation batch (default: the per-device training batch).
+        batches_per_epoch: training batches per epoch of a caption table (default: as many
+            full global batches as it holds); WebDataset shards set ``train_num_samples``.
         num_workers: DataLoader workers.
-        image_size, mean, std: override the model's preprocessing.
+        image_size, mean, std, interpolation, resize_mode: override the model's
+            preprocessing (``resize_mode``: open_clip's ``shortest``, ``longest``, ``squash``).
+        preprocess: the same overrides as one section.
         tokenizer: an open_clip model name whose tokenizer to use (default:
             the model's tokenizer).
     """
@@ -74,13 +94,30 @@ class CLIPDataModuleBase(L.LightningDataModule):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         tokenizer: str | None = None,
+        interpolation: str | None = None,
+        resize_mode: str | None = None,
+        preprocess: dict[str, Any] | None = None,
+        batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        if batches_per_epoch is not None and batches_per_epoch < 1:
+            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        self.batches_per_epoch = batches_per_epoch
         self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self._eval_batch_size = eval_batch_size
         self.num_workers = int(num_workers)
+        overrides = recipe_values(
+            preprocess, image_size=image_size, mean=mean, std=std,
+            interpolation=interpolation, resize_mode=resize_mode,
+        )  # fmt: skip
+        if overrides.get("crop_pct", 1.0) != 1.0:
+            raise PreprocessError(
+                "crop_pct applies to timm backbones; open_clip's transforms keep the resized "
+                "image whole (set resize_mode: shortest, longest or squash)"
+            )
+        self.init_preprocess(overrides, open_clip_defaults())
         self.image_size, self.mean, self.std = image_size, mean, std
         self.tokenizer = None
         if tokenizer is not None:
@@ -96,27 +133,53 @@ class CLIPDataModuleBase(L.LightningDataModule):
         mean: Sequence[float],
         std: Sequence[float],
     ) -> None:
-        """Adopt the model's tokenizer and preprocessing where none was given."""
+        """Adopt the model's tokenizer, and its preprocessing unless the model's full
+        :class:`~rl_gap.models.preprocess.Preprocess` was handed over already (``rl-gap fit``
+        does that before training); explicit arguments win."""
         self.tokenizer = self.tokenizer or tokenizer
-        self.image_size = self.image_size or image_size
-        self.mean = tuple(self.mean or mean)
-        self.std = tuple(self.std or std)
+        if self._model_preprocess is None:
+            trainer = getattr(self, "trainer", None)
+            found = find_preprocess(getattr(trainer, "lightning_module", None))
+            if found is None:
+                found = open_clip_defaults().with_values(
+                    {"image_size": image_size, "mean": mean, "std": std}, "the model"
+                )
+            self.configure_preprocess(found)
+
+    def configure_preprocess(self, model: Preprocess | None) -> Preprocess:
+        pp = super().configure_preprocess(model)
+        self.image_size, self.mean, self.std = pp.image_size, pp.mean, pp.std
+        return pp
 
     def _preprocess(self) -> tuple[int, tuple[float, ...], tuple[float, ...]]:
-        from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-
-        return (
-            int(self.image_size or 224),
-            tuple(self.mean or OPENAI_DATASET_MEAN),
-            tuple(self.std or OPENAI_DATASET_STD),
-        )
+        pp = self.preprocessing
+        return pp.image_size, pp.mean, pp.std
 
     def image_transform(self, train: bool) -> Transform:
-        """open_clip's train (random resized crop) / eval (resize + centre crop) transform."""
-        from open_clip.transform import image_transform
+        """open_clip's own train (random resized crop) / eval (resize + centre crop)
+        transform of the preprocessing in use (``open_clip.transform.image_transform_v2``)."""
+        from open_clip.transform import PreprocessCfg, image_transform_v2
 
-        size, mean, std = self._preprocess()
-        return image_transform(size, is_train=train, mean=mean, std=std)
+        pp = self.preprocessing
+        cfg = PreprocessCfg(
+            size=pp.image_size, mean=pp.mean, std=pp.std, interpolation=pp.interpolation,
+            resize_mode=pp.resize_mode,
+        )  # fmt: skip
+        return image_transform_v2(cfg, is_train=train)
+
+    batch_is_global = True  # rl-gap fit refuses a batch the ranks cannot share
+
+    @property
+    def device_batch_size(self) -> int:
+        """Each rank's share of the global ``batch_size``."""
+        from rl_gap.data.resumable import per_device_batch
+
+        return per_device_batch(self, self.batch_size)
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Per-device evaluation batch (default: the per-device training batch)."""
+        return int(self._eval_batch_size or self.device_batch_size)
 
     # subclasses provide the data
     def train_dataset(self) -> Dataset:
@@ -151,6 +214,13 @@ class CLIPDataModuleBase(L.LightningDataModule):
                     f"training set has {len(dataset)} pairs, fewer than batch_size="
                     f"{self.batch_size} (incomplete batches are dropped)"
                 )
+        if self.batches_per_epoch is not None and isinstance(
+            dataset, torch.utils.data.IterableDataset
+        ):
+            raise ValueError(
+                "batches_per_epoch applies to a caption table; WebDataset shards set the "
+                "epoch with train_num_samples"
+            )
         if isinstance(dataset, ShardStream):  # WebDataset shards: a resumable stream
             return ResumableStreamLoader(
                 dataset,
@@ -159,14 +229,15 @@ class CLIPDataModuleBase(L.LightningDataModule):
                 pin_memory=torch.cuda.is_available(),
             )
         if isinstance(dataset, torch.utils.data.IterableDataset):
-            return self._loader(dataset, self.batch_size, train=True)
+            return self._loader(dataset, self.device_batch_size, train=True)
         from rl_gap.data.resumable import resumable_train_loader
 
         return resumable_train_loader(
             self,
             dataset,
-            self.batch_size,
+            self.device_batch_size,
             seed=int(getattr(self, "seed", 0) or 0),
+            batches_per_epoch=self.batches_per_epoch,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             collate_fn=PairCollate(self.tokenizer),
@@ -199,8 +270,10 @@ class ImageTextDataModule(CLIPDataModuleBase):
         train_num_samples: samples per epoch of the shards.
         image_root, image_key, caption_key, separator: caption-table options.
         resampled, shuffle_buffer, seed: WebDataset options.
-        retrieval: evaluation sets, each ``{name, annotations (Karpathy JSON),
-            image_root, split: test}``.
+        retrieval: evaluation sets, each either a held-out caption table ``{name, table
+            (CSV/TSV, the training table's layout), image_root (default: the table's
+            folder), image_key, caption_key, separator}`` or a Karpathy split ``{name,
+            annotations (Karpathy JSON), image_root, split: test}``.
         zero_shot: evaluation sets, each ``{name, root, classnames: null|file|
             list, templates: openai_imagenet|simple|[...]}``.
         (see ``CLIPDataModuleBase`` for the rest)
@@ -227,8 +300,15 @@ class ImageTextDataModule(CLIPDataModuleBase):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         tokenizer: str | None = None,
+        interpolation: str | None = None,
+        resize_mode: str | None = None,
+        preprocess: dict[str, Any] | None = None,
+        batches_per_epoch: int | None = None,
     ) -> None:
-        super().__init__(batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer)
+        super().__init__(
+            batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer,
+            interpolation, resize_mode, preprocess, batches_per_epoch,
+        )  # fmt: skip
         if train_table is not None and train_shards is not None:
             raise ValueError("give train_table or train_shards, not both")
         if train_shards is not None and not train_num_samples:
@@ -242,9 +322,14 @@ class ImageTextDataModule(CLIPDataModuleBase):
         self.retrieval = [dict(r) for r in retrieval or []]
         self.zero_shot = [dict(z) for z in zero_shot or []]
         for spec in self.retrieval:
+            if "table" in spec:
+                continue
             missing = {"annotations", "image_root"} - set(spec)
             if missing:
-                raise ValueError(f"retrieval set {spec} lacks key(s) {sorted(missing)}")
+                raise ValueError(
+                    f"retrieval set {spec} lacks key(s) {sorted(missing)} (give a held-out "
+                    "caption table as 'table', or a Karpathy JSON as 'annotations' + 'image_root')"
+                )
         for spec in self.zero_shot:
             if "root" not in spec:
                 raise ValueError(f"zero-shot set {spec} lacks the 'root' folder")
@@ -259,7 +344,7 @@ class ImageTextDataModule(CLIPDataModuleBase):
                 self.train_shards,
                 transform,
                 num_samples=int(self.train_num_samples),
-                batch_size=self.batch_size,
+                batch_size=self.device_batch_size,
                 world_size=trainer.world_size if trainer is not None else 1,
                 num_workers=self.num_workers,
                 shuffle_buffer=self.shuffle_buffer,
@@ -275,6 +360,18 @@ class ImageTextDataModule(CLIPDataModuleBase):
         transform = self.image_transform(train=False)
         sets: list[Dataset] = []
         for spec in self.retrieval:
+            if "table" in spec:
+                images, texts = caption_table_retrieval_sets(
+                    spec["table"],
+                    spec.get("image_root"),
+                    spec.get("image_key", self.table_options["image_key"]),
+                    spec.get("caption_key", self.table_options["caption_key"]),
+                    spec.get("separator", self.table_options["separator"]),
+                    transform=transform,
+                    name=spec.get("name", Path(spec["table"]).stem),
+                )
+                sets += [images, texts]
+                continue
             images, texts = karpathy_retrieval_sets(
                 spec["annotations"],
                 spec["image_root"],
@@ -307,6 +404,7 @@ __all__ = [
     "RetrievalImages",
     "RetrievalTexts",
     "Transform",
+    "caption_table_retrieval_sets",
     "karpathy_retrieval_sets",
     "load_image",
     "read_caption_table",

@@ -346,6 +346,28 @@ def karpathy_retrieval_sets(
     )
 
 
+def caption_table_retrieval_sets(
+    path: str | os.PathLike,
+    image_root: str | os.PathLike | None = None,
+    image_key: str = "filepath",
+    caption_key: str = "title",
+    separator: str | None = None,
+    transform: Transform | None = None,
+    name: str = "retrieval",
+) -> tuple[RetrievalImages, RetrievalTexts]:
+    """The (images, captions) evaluation pair of a held-out caption table (the training
+    table's layout): each distinct image once, every row a caption relevant to its image."""
+    paths, captions = read_caption_table(path, image_key, caption_key, separator)
+    root = Path(image_root) if image_root is not None else Path(path).parent
+    index: dict[str, int] = {}
+    owners = [index.setdefault(str(root / p), len(index)) for p in paths]
+    images = list(index)  # first appearance order
+    return (
+        RetrievalImages(images, list(range(len(images))), transform, name),
+        RetrievalTexts(captions, owners, name),
+    )
+
+
 class KarpathyPairs(Dataset):
     """Training pairs from a Karpathy split: one sample per caption, grouped by image."""
 

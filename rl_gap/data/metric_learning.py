@@ -27,10 +27,14 @@ from rl_gap.data.ml_layouts import (
     read_inat,
     read_sop,
 )
+from rl_gap.data.preprocess import (
+    FollowsModelPreprocess,
+    eval_transform,
+    recipe_values,
+    train_transform,
+)
 from rl_gap.data.sampler import MPerClassBatchSampler, ResumableBatchLoader, ShardSampler
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from rl_gap.models.preprocess import CONVNET_PREPROCESS, IMAGENET_MEAN, IMAGENET_STD  # noqa: F401
 
 
 class ImageListDataset(Dataset):
@@ -85,22 +89,6 @@ class TensorImageDataset(Dataset):
         return self.images[index], int(self.labels[index]), index
 
 
-def image_transform(image_size: int, train: bool, augment: bool = True):
-    """ImageNet-normalised transforms: random-resized crop + flip (train), resize + centre crop (eval)."""
-    from torchvision import transforms as T
-
-    normalize = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    if train and augment:
-        return T.Compose(
-            [
-                T.RandomResizedCrop(image_size, scale=(0.16, 1.0)),
-                T.RandomHorizontalFlip(),
-                *normalize,
-            ]
-        )
-    return T.Compose([T.Resize(round(image_size / 0.875)), T.CenterCrop(image_size), *normalize])
-
-
 def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch.Tensor:
     """Sorted indices of ``per_class`` random items of every class (all of a smaller class)."""
     g = torch.Generator().manual_seed(seed)
@@ -114,8 +102,11 @@ def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch
     return torch.tensor(sorted(picked), dtype=torch.long)
 
 
-class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
+class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, abc.ABC):
     """Base DataModule: subclasses implement :meth:`build_split` ("train"/"test").
+
+    Images are resized, cropped and normalised as the model's backbone expects (timm's
+    data config of it, :mod:`rl_gap.data.preprocess`); the recipe can override each value.
 
     ``batch_size`` is the global batch (``batch_is_global``): ``rl-gap fit`` refuses one
     that the ranks cannot share before it starts any process.
@@ -125,7 +116,11 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         m_per_class: images per class in a global batch.
         eval_batch_size: per-rank batch size when embedding evaluation sets.
         num_workers: DataLoader workers per rank.
-        image_size: square crop size fed to the backbone.
+        image_size: square crop size fed to the backbone (None: the backbone's input size).
+        mean, std, interpolation, crop_pct: override the backbone's preprocessing (None:
+            timm's data config of the backbone; ImageNet statistics, bilinear, 0.875 and 224
+            pixels when no model is attached).
+        preprocess: the same overrides as one section (``{mean: [...], std: [...], ...}``).
         augment: random-resized crop + flip during training.
         check_files: check at setup that every listed image file exists (fast
             ``os.path.exists`` pass; false skips it on huge sets).
@@ -151,7 +146,7 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         m_per_class: int = 4,
         eval_batch_size: int = 256,
         num_workers: int = 4,
-        image_size: int = 224,
+        image_size: int | None = None,
         augment: bool = True,
         check_files: bool = True,
         val_split: float = 0.0,
@@ -160,8 +155,23 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         seed: int = 0,
         class_fraction: float = 1.0,
         images_per_class: int | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        interpolation: str | None = None,
+        crop_pct: float | None = None,
+        preprocess: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.init_preprocess(
+            recipe_values(
+                preprocess,
+                image_size=image_size,
+                mean=mean,
+                std=std,
+                interpolation=interpolation,
+                crop_pct=crop_pct,
+            )  # fmt: skip
+        )
         if not 0.0 <= val_split < 1.0:
             raise ValueError(f"val_split must be in [0, 1), got {val_split}")
         if queries_per_class is not None and (
@@ -198,7 +208,8 @@ class MetricLearningDataModule(L.LightningDataModule, abc.ABC):
         """Dataset of ``split`` ("train"/"test") with a ``labels`` (N,) tensor attribute."""
 
     def image_list_dataset(self, items: ImageList, train: bool) -> ImageListDataset:
-        transform = image_transform(self.image_size, train, self.augment)
+        pp = self.setup_preprocess()
+        transform = train_transform(pp) if train and self.augment else eval_transform(pp)
         return ImageListDataset(items, transform, check_files=self.check_files)
 
     # ------------------------------------------------------------------ setup
@@ -425,6 +436,7 @@ class MNISTDemoDataModule(MetricLearningDataModule):
     """
 
     MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics
+    follows_model = False  # in memory, normalised once with MNIST's own statistics
 
     def __init__(
         self,

@@ -45,12 +45,20 @@ class ShuffledBatchSampler(ResumableEpochs, Sampler[list[tuple[int, int]]]):
         batch_size: per-rank batch (the modules' ``batch_size``, as with a DataLoader).
         num_replicas, rank: the ranks and this one (1, 0 without DDP).
         seed: permutation and augmentation seed; batches depend only on ``(seed, epoch)``.
+        batches_per_epoch: batches per epoch (default: as many full global batches as the
+            data holds); more than that continues with further seeded permutations.
 
     The ragged last global batch is dropped (every step sees full batches on every rank).
     """
 
     def __init__(
-        self, num_items: int, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0
+        self,
+        num_items: int,
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        batches_per_epoch: int | None = None,
     ) -> None:
         if batch_size < 1 or num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(
@@ -64,13 +72,20 @@ class ShuffledBatchSampler(ResumableEpochs, Sampler[list[tuple[int, int]]]):
             )
         self.num_items, self.batch_size = int(num_items), int(batch_size)
         self.num_replicas, self.rank, self.seed = int(num_replicas), int(rank), int(seed)
-        self._start_epochs(self.num_items // global_batch)
+        num_batches = self.num_items // global_batch
+        if batches_per_epoch is not None:
+            if isinstance(batches_per_epoch, bool) or batches_per_epoch < 1:
+                raise ValueError(f"batches_per_epoch must be >= 1, got {batches_per_epoch}")
+            num_batches = int(batches_per_epoch)
+        self._start_epochs(num_batches)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         epoch, skip = self._begin_iteration()
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        order = torch.randperm(self.num_items, generator=g).tolist()
         global_batch = self.batch_size * self.num_replicas
+        order: list[int] = []
+        while len(order) < self.num_batches * global_batch:  # one permutation unless asked more
+            order += torch.randperm(self.num_items, generator=g).tolist()
         start = self.rank * self.batch_size
         for b in range(skip, self.num_batches):
             mine = order[b * global_batch + start : b * global_batch + start + self.batch_size]
@@ -109,8 +124,26 @@ class SeededItems(Dataset):
         return getattr(self.base, name)
 
 
+def per_device_batch(datamodule: Any, global_batch: int) -> int:
+    """The share of ``global_batch`` each rank of ``datamodule.trainer`` loads (one line if the
+    ranks cannot share it evenly)."""
+    trainer = getattr(datamodule, "trainer", None)
+    world = trainer.world_size if trainer is not None else 1
+    if global_batch % world:
+        raise ValueError(
+            f"data.batch_size {global_batch} is the global batch and must be divisible by the "
+            f"{world} ranks (devices x nodes); use a multiple of {world}"
+        )
+    return global_batch // world
+
+
 def resumable_train_loader(
-    datamodule: Any, dataset: Dataset, batch_size: int, seed: int, **loader_kwargs: Any
+    datamodule: Any,
+    dataset: Dataset,
+    batch_size: int,
+    seed: int,
+    batches_per_epoch: int | None = None,
+    **loader_kwargs: Any,
 ) -> Any:
     """A :class:`~rl_gap.data.sampler.ResumableBatchLoader` of shuffled, seeded batches.
 
@@ -125,5 +158,12 @@ def resumable_train_loader(
             "set trainer.use_distributed_sampler=false: the resumable training loader "
             "already gives every rank its own slice of each global batch"
         )
-    sampler = ShuffledBatchSampler(len(dataset), batch_size, world, rank, seed)  # type: ignore[arg-type]
+    sampler = ShuffledBatchSampler(
+        len(dataset),
+        batch_size,
+        world,
+        rank,
+        seed,
+        batches_per_epoch,  # type: ignore[arg-type]
+    )
     return ResumableBatchLoader(SeededItems(dataset), batch_sampler=sampler, **loader_kwargs)

@@ -44,6 +44,7 @@ def moco_v3_augmentations(
     crop_min: float = 0.08,
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
+    interpolation: str = "bilinear",
 ) -> tuple[Callable, Callable]:
     """The two MoCo v3 view pipelines (PIL image -> normalised tensor).
 
@@ -51,6 +52,7 @@ def moco_v3_augmentations(
         image_size: output crop side (224 for ImageNet, 28 for MNIST).
         crop_min: smallest RandomResizedCrop area fraction (MoCo v3 ViT: 0.08).
         mean, std: per-channel normalisation (one entry per channel).
+        interpolation: the crop's resize filter (the backbone's: ``bicubic`` for most ViTs).
 
     Returns:
         (view-1 transform, view-2 transform).
@@ -63,7 +65,9 @@ def moco_v3_augmentations(
 
     def pipeline(blur_p: float, solarize_p: float) -> T.Compose:
         steps: list[Any] = [
-            T.RandomResizedCrop(image_size, scale=(crop_min, 1.0)),
+            T.RandomResizedCrop(
+                image_size, scale=(crop_min, 1.0), interpolation=T.InterpolationMode(interpolation)
+            ),
             T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
             T.RandomGrayscale(p=0.2),
             T.RandomApply([T.GaussianBlur(kernel, sigma=sigma)], p=blur_p),
@@ -148,11 +152,18 @@ class SSLDataModule(L.LightningDataModule):
     the evaluated images.
 
     Args:
-        batch_size: per-device batch (global batch = batch_size × devices × nodes).
+        batch_size: the *global* training batch (all devices together), the batch whose
+            keys the loss ranks; each of the ``devices × nodes`` ranks loads
+            ``batch_size / ranks`` (printed at start-up).
         num_workers: loader processes.
-        eval_batch_size: per-device batch of the evaluation loaders (default: batch_size).
+        eval_batch_size: per-device batch of the evaluation loaders (default: the
+            per-device training batch).
         pin_memory: pin host memory (on for GPU training).
+        batches_per_epoch: training batches per epoch (default: as many full global
+            batches as the training set holds).
     """
+
+    batch_is_global = True  # rl-gap fit refuses a batch the ranks cannot share
 
     def __init__(
         self,
@@ -160,13 +171,17 @@ class SSLDataModule(L.LightningDataModule):
         num_workers: int = 0,
         eval_batch_size: int | None = None,
         pin_memory: bool = False,
+        batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if batches_per_epoch is not None and batches_per_epoch < 1:
+            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        self.batches_per_epoch = batches_per_epoch
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_batch_size = eval_batch_size
         self.pin_memory = pin_memory
         self.train_set: Dataset | None = None
         self.bank_set: Dataset | None = None
@@ -177,7 +192,7 @@ class SSLDataModule(L.LightningDataModule):
             raise RuntimeError(f"{type(self).__name__}.setup() has not built the datasets")
         return DataLoader(
             dataset,
-            batch_size=self.batch_size if train else self.eval_batch_size,
+            batch_size=self.batch_size if train else self._eval_batch(),
             shuffle=train,
             # MoCo v3 drops the ragged last batch: every step sees a full batch.
             drop_last=train,
@@ -188,17 +203,25 @@ class SSLDataModule(L.LightningDataModule):
 
     shards_training_batches = True  # the resumable loader shards; no DistributedSampler
 
+    def _eval_batch(self) -> int:
+        if self.eval_batch_size:
+            return self.eval_batch_size
+        from rl_gap.data.resumable import per_device_batch
+
+        return per_device_batch(self, self.batch_size)
+
     def train_dataloader(self) -> DataLoader:
         """Shuffled, seeded two-crop batches whose position is checkpointed (exact resume)."""
         if self.train_set is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not built the datasets")
-        from rl_gap.data.resumable import resumable_train_loader
+        from rl_gap.data.resumable import per_device_batch, resumable_train_loader
 
         return resumable_train_loader(
             self,
             self.train_set,
-            self.batch_size,
+            per_device_batch(self, self.batch_size),
             seed=int(getattr(self, "seed", 0)),
+            batches_per_epoch=self.batches_per_epoch,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,

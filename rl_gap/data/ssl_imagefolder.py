@@ -11,21 +11,19 @@ Class indices follow the sorted class-folder names (torchvision
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torch.utils.data import Subset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from rl_gap.data.ml_layouts import open_rgb
+from rl_gap.data.preprocess import FollowsModelPreprocess, eval_transform, recipe_values
 from rl_gap.data.ssl import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     EvalDataset,
     SSLDataModule,
     TwoCropDataset,
-    eval_transform,
     fixed_subset_indices,
     moco_v3_augmentations,
 )
@@ -58,47 +56,67 @@ def check_image_folder(root: str | Path) -> Path:
     return root
 
 
-class ImageFolderSSLDataModule(SSLDataModule):
+class ImageFolderSSLDataModule(FollowsModelPreprocess, SSLDataModule):
     """MoCo v3 pretraining on a folder-per-class dataset, with kNN evaluation splits.
+
+    Crops are resized and normalised as the model's backbone expects (timm's data config
+    of it, :mod:`rl_gap.data.preprocess`) unless the recipe sets the values.
 
     Args:
         train_dir: training images (labels unused for training; they label the kNN bank).
         val_dir: evaluated images (kNN queries and retrieval evaluation).
-        image_size: crop side (224).
+        image_size: crop side (None: the backbone's input size).
         crop_min: RandomResizedCrop's smallest area (MoCo v3 ViT 0.08, ResNet 0.2).
         knn_bank_size: a fixed random subset of the training images used as the
             kNN bank during online evaluation (``None``: all of them).
         knn_query_size: likewise for the evaluated images.
-        mean, std: normalisation (ImageNet statistics by default).
+        mean, std, interpolation, crop_pct: override the backbone's preprocessing (None: timm's
+            data config of the backbone; ImageNet statistics, bilinear, 0.875, 224 pixels
+            without a model). MoCo v3's recipes set ImageNet mean/std, as its paper's code.
+        preprocess: the same overrides as one section.
         seed: seed of the subsets.
-        batch_size, num_workers, eval_batch_size, pin_memory: see :class:`SSLDataModule`.
+        batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch: see
+            :class:`SSLDataModule` (``batch_size`` is the global batch).
     """
 
     def __init__(
         self,
         train_dir: str,
         val_dir: str,
-        image_size: int = 224,
+        image_size: int | None = None,
         crop_min: float = 0.08,
         knn_bank_size: int | None = None,
         knn_query_size: int | None = None,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        interpolation: str | None = None,
+        crop_pct: float | None = None,
+        preprocess: dict[str, Any] | None = None,
         seed: int = 0,
         batch_size: int = 256,
         num_workers: int = 8,
         eval_batch_size: int | None = None,
         pin_memory: bool = True,
+        batches_per_epoch: int | None = None,
     ) -> None:
-        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory)
+        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch)
         self.train_dir = train_dir
         self.val_dir = val_dir
-        self.image_size = image_size
+        self.init_preprocess(
+            recipe_values(
+                preprocess,
+                image_size=image_size,
+                mean=mean,
+                std=std,
+                interpolation=interpolation,
+                crop_pct=crop_pct,
+            )  # fmt: skip
+        )
+        if not 0 < crop_min <= 1:
+            raise ValueError(f"crop_min must lie in (0, 1], got {crop_min}")
         self.crop_min = crop_min
         self.knn_bank_size = knn_bank_size
         self.knn_query_size = knn_query_size
-        self.mean = tuple(mean)
-        self.std = tuple(std)
         self.seed = seed
 
     def setup(self, stage: str | None = None) -> None:
@@ -117,10 +135,15 @@ class ImageFolderSSLDataModule(SSLDataModule):
             # Same names, but a subset re-indexes: map to the training indices.
             val.samples = [(p, train.class_to_idx[val.classes[y]]) for p, y in val.samples]
             val.targets = [y for _, y in val.samples]
-        view1, view2 = moco_v3_augmentations(self.image_size, self.crop_min, self.mean, self.std)
-        evaluate = eval_transform(self.image_size, self.mean, self.std)
+        pp = self.setup_preprocess()
+        view1, view2 = moco_v3_augmentations(
+            pp.image_size, self.crop_min, pp.mean, pp.std, pp.interpolation
+        )
+        evaluate = eval_transform(pp)
         self.train_set = TwoCropDataset(train, view1, view2)
         bank = Subset(train, fixed_subset_indices(len(train), self.knn_bank_size, self.seed))
         queries = Subset(val, fixed_subset_indices(len(val), self.knn_query_size, self.seed + 1))
         self.bank_set = EvalDataset(bank, evaluate)
         self.query_set = EvalDataset(queries, evaluate)
+        for dataset in (self.bank_set, self.query_set):  # rl-gap knn / linear-probe re-point them
+            dataset.preprocess_owner = self

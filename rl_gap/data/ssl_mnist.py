@@ -54,7 +54,8 @@ class MNIST5kSSLDataModule(SSLDataModule):
         crop_min: RandomResizedCrop's smallest area (0.3: a 0.08 crop of a
             28-pixel digit is mostly background).
         seed: seed of the split.
-        batch_size, num_workers, eval_batch_size, pin_memory: see :class:`SSLDataModule`.
+        batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch: see
+            :class:`SSLDataModule` (``batch_size`` is the global batch).
     """
 
     def __init__(
@@ -66,8 +67,9 @@ class MNIST5kSSLDataModule(SSLDataModule):
         num_workers: int = 0,
         eval_batch_size: int | None = None,
         pin_memory: bool = False,
+        batches_per_epoch: int | None = None,
     ) -> None:
-        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory)
+        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch)
         if not 0 < num_train < 5000:
             raise ValueError(f"num_train must lie in (0, 5000), got {num_train}")
         self.num_train = num_train

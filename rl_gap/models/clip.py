@@ -29,7 +29,7 @@ from typing import Any
 import open_clip
 import torch
 import torch.nn.functional as F
-from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
+from open_clip.transform import PreprocessCfg, merge_preprocess_dict
 from torch import nn
 
 from rl_gap.models.clip_weights import (  # noqa: F401  (public names of this module)
@@ -43,6 +43,7 @@ from rl_gap.models.clip_weights import (  # noqa: F401  (public names of this mo
     pretrained_tag_file,
     resolve_pretrained,
 )
+from rl_gap.models.preprocess import open_clip_preprocess
 from rl_gap.models.pretrained import is_hub_name, weights_come_from_checkpoint
 from rl_gap.precision import full_precision_normalize
 
@@ -133,7 +134,9 @@ class CLIPEncoder(nn.Module):
     Attributes:
         model: the open_clip ``CLIP`` / ``CustomTextCLIP``.
         tokenizer: callable ``list[str] -> LongTensor (N, context_length)``.
-        image_size, mean, std: the preprocessing the towers expect.
+        preprocess: open_clip's preprocessing of the model (size, mean, std, interpolation,
+            resize mode; :mod:`rl_gap.models.preprocess`), which the DataModule follows.
+        image_size, mean, std: the same size and statistics.
         pretrained_logit_scale: the loaded checkpoint's ``logit_scale`` (log of
             1/τ, as open_clip stores it), or None without a checkpoint.
     """
@@ -184,8 +187,18 @@ class CLIPEncoder(nn.Module):
         if grad_checkpointing:
             self.model.set_grad_checkpointing(True)
         self.image_size = _image_size(config)
-        self.mean = tuple(preprocess.get("mean", OPENAI_DATASET_MEAN))
-        self.std = tuple(preprocess.get("std", OPENAI_DATASET_STD))
+        # as open_clip.create_model_and_transforms: its defaults, the architecture's
+        # preprocess_cfg, then the pretrained tag's (or Hub repository's) values
+        merged = merge_preprocess_dict(
+            PreprocessCfg(), dict(self.config.get("preprocess_cfg") or {})
+        )
+        merged = merge_preprocess_dict(merged, preprocess)
+        merged["size"] = self.image_size
+        source = str(model_name or "the model_config") + (
+            f" pretrained={pretrained}" if pretrained else ""
+        )
+        self.preprocess = open_clip_preprocess(merged, source)
+        self.mean, self.std = self.preprocess.mean, self.preprocess.std
 
     def lock_image_tower(self, unlocked_groups: int = 0) -> None:
         """Freeze the image tower except its last ``unlocked_groups`` layer groups (LiT)."""

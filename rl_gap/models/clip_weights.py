@@ -30,6 +30,8 @@ from rl_gap.models.pretrained import (
 MODULE_PREFIXES = ("module.", "clip.model.", "model.")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".npz")
 OPEN_CLIP_URL_CACHE = "~/.cache/clip"  # open_clip's cache for weights that are not on the Hub
+# the preprocessing a pretrained tag's registry entry states (open_clip's PreprocessCfg keys)
+PREPROCESS_ENTRY_KEYS = ("mean", "std", "interpolation", "resize_mode")
 
 
 def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -202,4 +204,4 @@ def resolve_pretrained(
         file, entry = None, pretrained_tag_entry(str(model_name), text, config)
     else:
         file, entry = pretrained_tag_file(str(model_name), text, config)
-    return file, {k: entry[k] for k in ("mean", "std") if k in entry}
+    return file, {k: entry[k] for k in PREPROCESS_ENTRY_KEYS if k in entry}

@@ -20,6 +20,7 @@ import torch
 from timm.models import register_model
 from torch import nn
 
+from rl_gap.models.preprocess import CONVNET_PREPROCESS, timm_preprocess
 from rl_gap.models.pretrained import (
     fetching,
     hf_hub_cache,
@@ -60,6 +61,17 @@ class SmallConvNet(nn.Module):
         self.num_features = chans[-1]
         self.num_classes = num_classes
         self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        # stated explicitly (timm's defaults for a config-less model would be bicubic): the
+        # ImageNet statistics, bilinear resize and 0.875 crop this network has always used
+        pp = CONVNET_PREPROCESS
+        self.pretrained_cfg = {
+            "input_size": (in_chans, pp.image_size, pp.image_size),
+            "mean": pp.mean,
+            "std": pp.std,
+            "interpolation": pp.interpolation,
+            "crop_pct": pp.crop_pct,
+            "crop_mode": "center",
+        }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).mean(dim=(2, 3)))
@@ -181,6 +193,10 @@ class EmbeddingEncoder(nn.Module):
         weights: local file with the backbone's pretrained weights, or None.
         in_chans: input image channels.
         backbone_kwargs: extra ``timm.create_model`` arguments (``drop_path_rate``, ``img_size``).
+
+    Attributes:
+        preprocess: timm's data config of the backbone (:mod:`rl_gap.models.preprocess`),
+            which the DataModules follow unless a recipe overrides it.
         pretrained: load timm's pretrained weights for ``backbone`` (its default tag unless the
             name carries one) through timm's download and cache (``HF_HOME``, ``TORCH_HOME``).
             None (default): True for an ``hf-hub:`` name without ``weights``, else False.
@@ -216,6 +232,8 @@ class EmbeddingEncoder(nn.Module):
             raise ValueError(f"dim must be >= 0, got {dim}")
         self.dim = dim or features
         self.head = nn.Linear(features, dim) if dim else nn.Identity()
+        # what the DataModule feeds it by default (rl_gap.data.preprocess)
+        self.preprocess = timm_preprocess(self.backbone, backbone)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Unit-norm embeddings, normalised in float32 (float64 kept) even under autocast."""

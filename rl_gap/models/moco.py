@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import rl_gap.models.encoder  # noqa: F401  (registers rl_gap_convnet in timm)
+from rl_gap.models.preprocess import timm_preprocess
 
 
 def build_mlp(
@@ -70,13 +71,16 @@ def create_backbone(name: str, **kwargs) -> tuple[nn.Module, int]:
             ``depth``, ``num_heads``, ``in_chans``, ...).
 
     Returns:
-        (backbone mapping images (B, C, H, W) to features (B, F), F).
+        (backbone mapping images (B, C, H, W) to features (B, F), F); the backbone's
+        ``preprocess`` attribute holds timm's data config of it (:mod:`rl_gap.models.preprocess`).
     """
     if not timm.is_model(name):
         raise ValueError(f"unknown timm model {name!r}")
     kwargs = dict(kwargs)
     kwargs.setdefault("num_classes", 0)
     backbone = timm.create_model(name, pretrained=False, **kwargs)
+    # timm's data config of the architecture: what the DataModule feeds it by default
+    backbone.preprocess = timm_preprocess(backbone, name)
     return backbone, int(backbone.num_features)
 
 

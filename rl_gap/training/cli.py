@@ -23,13 +23,17 @@ rejected by jsonargparse. On top of Lightning's defaults this CLI sets up:
 - every random stream of every rank in each checkpoint, restored on resume
   (``rl_gap.training.rng_state``): a model with dropout resumes bit-identically;
 - loggers, unless the recipe lists its own: CSV always (``version_N/metrics.csv``,
-  the resolved config in ``version_N/config.yaml``) and W&B, *offline* unless
-  ``WANDB_API_KEY`` is set (never waits for a network), its files inside the run
-  folder, the whole resolved config as the W&B config; a fresh fit gets a new W&B id,
-  only a resumed fit continues the id its checkpoint recorded, and
-  ``validate``/``test``/``predict`` log to W&B runs of their own grouped with the
-  training run (``rl_gap.training.loggers.wandb_run_for``); ``--wandb_entity``,
+  the resolved config in ``version_N/config.yaml``) and W&B, online where W&B finds
+  credentials (``wandb login``, ``WANDB_API_KEY``), else *offline* (never waits for a
+  network; one line says which), its files inside the run folder, the whole resolved
+  config as the W&B config, named after the recipe and the changed keys; a fresh fit
+  gets a new W&B id and group, only a resumed fit continues the id its checkpoint
+  recorded, and ``validate``/``test``/``predict`` log to W&B runs of their own in the
+  training run's group (``rl_gap.training.loggers.wandb_run_for``); ``--wandb_entity``,
   ``--wandb_tags``, ``--wandb_group``; ``--wandb off`` drops it;
+- the DataModule follows the model's preprocessing (``rl_gap.data.preprocess``): printed
+  in one line and recorded in the run's config (``data.init_args.preprocess``); the
+  global batch's per-device share printed at start-up;
 - a warning before the first step when the schedule never validates
   (``rl_gap.training.schedule_check``); throughput keys ``perf/*``
   (``rl_gap.callbacks.speed``);
@@ -83,9 +87,9 @@ from rl_gap.training.loggers import (
     default_loggers,
     describe_outputs,
     is_wandb_logger,
+    readable_run_name,
     record_run_id,
     resolve_wandb_mode,
-    run_label,
     wandb_run_for,
 )
 from rl_gap.training.parser import (
@@ -122,11 +126,31 @@ from rl_gap.training.trainer_setup import (
 _fail = usage_error
 
 
+def cfg_seed(config: Any) -> Any:
+    """The resolved ``seed_everything`` of a parsed command line."""
+    sub = config.get("subcommand")
+    return (config[sub] if sub else config).get("seed_everything")
+
+
 def check_batch_divides_ranks(trainer: L.Trainer, datamodule: Any) -> None:
     """A global batch the ranks cannot share is refused before any process is started."""
     problem = batch_ranks_error(trainer, datamodule)
     if problem:
         _fail(problem)
+
+
+def batch_share_line(trainer: L.Trainer, datamodule: Any) -> str | None:
+    """``batch: 4096 global (the batch the loss ranks) = 8 ranks x 512 per device``."""
+    batch = getattr(datamodule, "batch_size", None)
+    if not getattr(datamodule, "batch_is_global", False) or not isinstance(batch, int):
+        return None
+    world = int(getattr(trainer, "num_devices", 1) or 1) * int(
+        getattr(trainer, "num_nodes", 1) or 1
+    )
+    return (
+        f"batch: {batch} global (the batch the loss ranks) = {world} rank(s) x "
+        f"{batch // world} per device"
+    )
 
 
 class RLGapCLI(LightningCLI):
@@ -156,7 +180,8 @@ class RLGapCLI(LightningCLI):
             "--wandb",
             type=WandbMode,
             default="auto",
-            help="W&B logging (auto: offline w/o API key)",
+            help="W&B logging (auto: online with W&B credentials, e.g. after `wandb login`, "
+            "else offline)",
         )
         parser.add_argument("--wandb_project", type=str, default="rl_gap", help="W&B project")
         parser.add_argument(
@@ -253,6 +278,7 @@ class RLGapCLI(LightningCLI):
         s = self._settings()
         run = self._run
         assert run is not None, "parse_arguments resolves the run before classes are built"
+        self._adopt_preprocess(run)
         root = Path(run.root)
         restore_integers(config, self._written_integers)
         problem = writable_error(root)  # before the lock, the logs and W&B touch it
@@ -276,7 +302,8 @@ class RLGapCLI(LightningCLI):
                 wandb_run = self._wandb_run(root, s["wandb_group"])
                 wandb_id = wandb_run.id
             config["logger"] = default_loggers(
-                root, run_label(root, s["output_dir"], self.subcommand), s["wandb"], s["wandb_project"],
+                root, readable_run_name(s["config"], cfg_seed(self.config), run.changed, self.subcommand),
+                s["wandb"], s["wandb_project"],
                 wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
                 config=run.full,
             )  # fmt: skip
@@ -308,6 +335,21 @@ class RLGapCLI(LightningCLI):
             config["use_distributed_sampler"] = False
         return super()._instantiate_trainer(config, callbacks)
 
+    def _adopt_preprocess(self, run: RunSetup) -> None:
+        """The DataModule follows the model's preprocessing; the values in use are printed
+        and recorded in the run's config (``data.init_args.preprocess``) and W&B config."""
+        from rl_gap.data.preprocess import adopt_model_preprocess
+
+        pp = adopt_model_preprocess(self.datamodule, self.model)
+        if pp is None:
+            return
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if cfg.get("data.init_args") is not None and "preprocess" in cfg["data.init_args"]:
+            cfg["data.init_args.preprocess"] = pp.settings()
+            run.full["data.init_args.preprocess"] = pp.settings()
+        if rank_zero_only.rank == 0:
+            sys.stderr.write(pp.describe() + "\n")
+
     def _wandb_run(self, root: Path, group: str | None) -> WandbRun:
         """This command's W&B run (a fit records its id in ``<root>/wandb_id``)."""
         resume = self._resume
@@ -318,7 +360,7 @@ class RLGapCLI(LightningCLI):
             self.subcommand, root, ckpt, None if resume is None else resume.wandb_id, group
         )
         if run.job_type == "train" and starts_the_run():
-            record_run_id(root, run.id)
+            record_run_id(root, run.id, run.group)
         return run
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -338,6 +380,9 @@ class RLGapCLI(LightningCLI):
             )
             if problem:
                 _fail(f"--model.init_args.{problem}")
+        line = batch_share_line(self.trainer, self.datamodule) if subcommand == "fit" else None
+        if line and rank_zero_only.rank == 0:
+            sys.stderr.write(line + "\n")
         for logger in self.trainer.loggers:  # the launcher and its ranks agree on version_N
             getattr(logger, "version", None)
         try:

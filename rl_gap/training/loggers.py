@@ -1,39 +1,54 @@
 """Where a training run's logs go: CSV + W&B loggers, the W&B run id, the end-of-run summary.
 
-Used by :mod:`rl_gap.training.cli`: W&B is *offline* unless ``WANDB_API_KEY``
-is set (it never waits for a network), writes inside the run folder and receives
-the whole resolved config. Every fresh fit gets a new W&B run id; only a resumed
-fit continues one (the id its checkpoint recorded); ``validate``/``test``/``predict``
-log to runs of their own, grouped with the training run (:func:`wandb_run_for`).
+Used by :mod:`rl_gap.training.cli`: with ``--wandb auto`` W&B is *online* when W&B itself
+would find credentials (``WANDB_API_KEY``, the ``~/.netrc`` entry ``wandb login`` writes, or
+W&B's settings file) and *offline* otherwise (it never waits for a network); one line says
+which and why (:func:`wandb_mode_reason`). W&B writes inside the run folder and receives
+the whole resolved config. Every fresh fit gets a new W&B run id and its own group (its id,
+or ``--wandb_group``); only a resumed fit continues one (the id its checkpoint recorded);
+``validate``/``test``/``predict`` and the plain commands (``evaluate``, ``knn``, ...) log
+to runs of their own in the training run's group (:func:`wandb_run_for`,
+:func:`command_wandb_run`). Run names read ``<recipe> seed<N> <changed keys>``
+(:func:`readable_run_name`).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-WandbMode = Literal["auto", "online", "offline", "off"]
+from rl_gap.training.wandb_mode import (  # noqa: F401  (re-exported)
+    WandbMode,
+    command_wandb_run,
+    log_command_result,
+    recorded_group,
+    resolve_wandb_mode,
+    wandb_credentials,
+    wandb_mode_reason,
+)
 
 
-def resolve_wandb_mode(mode: str) -> str:
-    """``auto`` -> ``online`` with a ``WANDB_API_KEY``, else ``offline``; ``WANDB_MODE`` wins."""
-    env = os.environ.get("WANDB_MODE", "").lower()
-    if env in ("disabled", "off"):
-        return "off"
-    if mode == "auto":
-        if env in ("offline", "dryrun"):
-            return "offline"
-        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    return mode
+def quiet_third_party_tips() -> None:
+    """Drop Lightning's litlogger advertisement from the log (printed by every Trainer)."""
+    import lightning_utilities.core.rank_zero as rank_zero
+
+    log = rank_zero.log
+    if not any(isinstance(f, _TipFilter) for f in log.filters):
+        log.addFilter(_TipFilter())
+
+
+class _TipFilter:
+    def filter(self, record: Any) -> bool:
+        return "litlogger" not in str(record.msg)
 
 
 @dataclass(frozen=True)
@@ -69,7 +84,8 @@ def wandb_run_for(
 ) -> WandbRun:
     """The W&B run of a command: only a resumed fit continues an id.
 
-    - ``fit`` without a checkpoint: a new id, always;
+    - ``fit`` without a checkpoint: a new id, always, in a group of its own (its id, or
+      ``group``), recorded in ``<root>/wandb_group`` for the runs that evaluate it;
     - ``fit --ckpt_path``: the id the checkpoint recorded (a checkpoint without one, in this
       folder: the id in ``<root>/wandb_id``), continued;
     - ``validate``/``test``/``predict``: a run of its own (job type ``eval``/``predict``),
@@ -79,13 +95,15 @@ def wandb_run_for(
     job_type = _JOB_TYPES.get(subcommand, str(subcommand))
     if job_type == "train":
         run_id = ckpt_wandb_id or (_folder_run_id(root, ckpt_path) if ckpt_path else None)
-        if run_id:
-            return WandbRun(run_id, True, job_type, group, {})
-        return WandbRun(new_run_id(), False, job_type, group, {})
+        if run_id:  # a resumed fit stays in the group it started in
+            return WandbRun(run_id, True, job_type, group or recorded_group(root) or run_id, {})
+        run_id = new_run_id()
+        return WandbRun(run_id, False, job_type, group or run_id, {})
     trained = ckpt_wandb_id or (_folder_run_id(root, ckpt_path) if ckpt_path else None)
     config = {"eval.subcommand": subcommand, "eval.ckpt_path": ckpt_path}
     config["eval.training_run_id"] = trained
-    return WandbRun(new_run_id(), False, job_type, trained or group or root.name, config)
+    group = group or recorded_group(root) or trained or root.name
+    return WandbRun(new_run_id(), False, job_type, group, config)
 
 
 def _folder_run_id(root: Path, ckpt_path: str) -> str | None:
@@ -97,20 +115,52 @@ def _folder_run_id(root: Path, ckpt_path: str) -> str | None:
     return None
 
 
-def run_label(root: Path, output_dir: str, subcommand: str | None) -> str:
-    """The W&B run name: the run folder under ``output_dir`` (``:<command>`` if not fit)."""
-    try:
-        name = str(root.relative_to(output_dir))
-    except ValueError:
-        name = root.name
-    return name if subcommand in (None, "fit") else f"{name}:{subcommand}"
-
-
-def record_run_id(root: Path, run_id: str) -> None:
-    """``<root>/wandb_id``: the W&B id of the training run in this folder (rank 0 writes it)."""
+def record_run_id(root: Path, run_id: str, group: str | None = None) -> None:
+    """``<root>/wandb_id`` (and ``<root>/wandb_group``): the W&B id and group of the training
+    run in this folder (rank 0 writes them)."""
     if rank_zero_only.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         (root / "wandb_id").write_text(run_id + "\n")
+        if group:
+            (root / "wandb_group").write_text(group + "\n")
+
+
+def readable_run_name(
+    config_files: list[Any] | None,
+    seed: Any,
+    changed: Mapping[str, Any] | None,
+    subcommand: str | None = None,
+    limit: int = 120,
+) -> str:
+    """``sop_gsap seed0 lr=0.001 loss.name=msap``: the recipe's name, the seed and the keys
+    the command line changed (``model.init_args.``, ``data.init_args.``, ``trainer.`` dropped), then
+    ``:<command>`` for an evaluation; cut at ``limit`` characters with ``+N more``."""
+    stem = Path(str(config_files[-1])).stem if config_files else "run"
+    words = [stem]
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        words.append(f"seed{seed}")
+    pairs = [f"{_short_key(k)}={_short_value(v)}" for k, v in sorted((changed or {}).items())]
+    for i, pair in enumerate(pairs):
+        if len(" ".join([*words, pair])) > limit:
+            words.append(f"+{len(pairs) - i} more")
+            break
+        words.append(pair)
+    name = " ".join(words)
+    return name if subcommand in (None, "fit") else f"{name}:{subcommand}"
+
+
+def _short_key(key: str) -> str:
+    for prefix in ("model.init_args.", "data.init_args.", "model.", "data.", "trainer."):
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return key
+
+
+def _short_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
 
 
 def default_loggers(
@@ -130,7 +180,9 @@ def default_loggers(
     the optional ``entity`` and ``tags``.
     """
     loggers: list[Logger] = [CSVLogger(save_dir=str(root), name="")]
-    mode = resolve_wandb_mode(wandb_mode)
+    mode, why = wandb_mode_reason(wandb_mode)
+    if rank_zero_only.rank == 0:
+        print(f"W&B: {mode} ({why})", file=sys.stderr)
     if mode != "off":
         WandbLogger = _wandb_logger_class()  # noqa: N806 (a class)
         root.mkdir(parents=True, exist_ok=True)
@@ -150,6 +202,7 @@ def default_loggers(
                 name=name,
                 save_dir=str(root),
                 offline=mode == "offline",
+                mode=mode,  # explicit: W&B's settings may have been read before WANDB_MODE was set
                 log_model=False,
                 settings=_wandb_settings(),
                 config=config,
@@ -186,8 +239,13 @@ def _wandb_logger_class():
         """W&B logger whose count keys (``*/num_*``) go to the run summary, not the charts.
 
         A count is a property of the evaluated set (``val/num_pairs``), with no better or
-        worse direction: it is shown in the runs table, not plotted as a metric.
+        worse direction: it is shown in the runs table, not plotted as a metric. Lightning's
+        ``anonymous`` argument, which W&B no longer reads (and warns about), is not passed.
         """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._wandb_init.pop("anonymous", None)
 
         @rank_zero_only
         def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -234,3 +292,6 @@ def describe_outputs(trainer: L.Trainer) -> str:
             if cb.best_model_path and cb.monitor:
                 lines.append(f"    best ({cb.monitor}) {cb.best_model_path}")
     return "\n".join(lines)
+
+
+quiet_third_party_tips()

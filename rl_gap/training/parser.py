@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,19 +27,9 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from rl_gap.losses.registry import LossSectionError, read_loss_section
 from rl_gap.resources import recipe_path
+from rl_gap.training.early_checks import config_file_args  # noqa: F401  (re-exported)
 
 _SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
-def config_file_args(words: list[str]) -> list[str]:
-    """The values of ``--config``/``-c`` in a command line."""
-    found = []
-    for i, word in enumerate(words):
-        if word in ("--config", "-c") and i + 1 < len(words):
-            found.append(words[i + 1])
-        elif word.startswith("--config="):
-            found.append(word.split("=", 1)[1])
-    return found
 
 
 # a number argparse would take for an option: "-1e-3", "-.5e2", "-inf" (it accepts only -1, -0.5)
@@ -141,8 +132,9 @@ class RLGapArgumentParser(LightningArgumentParser):
                 if _print_config_requested(self):
                     cfg[key] = loss.as_recipe(expand=True)
             message = _split_batch_error(cfg, prefix)
-            if message:
-                self.error(message)
+            if message:  # one line, not argparse's usage block: the fix is in the message
+                sys.stderr.write(f"rl-gap: error: {message}\n")
+                raise SystemExit(2)
         return super()._parse_common(cfg, *args, **kwargs)
 
 
@@ -170,7 +162,7 @@ def _print_config_requested(parser: Any) -> bool:
 
 def _split_batch_error(cfg: Any, prefix: str) -> str | None:
     """Gradient accumulation would hand a ranking loss parts of its batch (and no opt-in)."""
-    from rl_gap.modules.split_batch import split_batch_error
+    from rl_gap.training.early_checks import split_batch_message as split_batch_error
 
     try:
         factor = cfg.get(f"{prefix}trainer.accumulate_grad_batches")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -32,6 +32,7 @@ from rl_gap.training.run_checkpoint import (
     resolve_last,
 )
 from rl_gap.training.run_config import (
+    differing_keys,
     flatten_config,
     overrides_hash,
     run_dir_for,
@@ -116,6 +117,7 @@ class RunSetup:
     overrides: str
     versioned_from: Path | None
     resume: Resume | None = None
+    changed: dict[str, Any] = field(default_factory=dict)  # training keys the command line set
 
 
 def resolve_run(parser: Any, config: Any) -> RunSetup:
@@ -130,9 +132,13 @@ def resolve_run(parser: Any, config: Any) -> RunSetup:
     if every is not None and every < 0:
         usage_error(f"--checkpoint_every_n_steps must be >= 0, got {every}")
     seed = cfg.get("seed_everything")
-    overrides = overrides_hash(
-        training_config(flatten_config(cfg)), baseline_config(parser, sub, cfg.get("config"))
-    )
+    current = training_config(flatten_config(cfg))
+    baseline = baseline_config(parser, sub, cfg.get("config"))
+    overrides = overrides_hash(current, baseline)
+    changed = {}
+    if baseline is not None:
+        keys = differing_keys(current, baseline)
+        changed = {k: current.get(k) for k in keys if k != "seed_everything"}
     base = Path(
         cfg.get("trainer.default_root_dir")
         or run_dir_for(
@@ -159,6 +165,7 @@ def resolve_run(parser: Any, config: Any) -> RunSetup:
         full={k: v for k, v in flatten_config(cfg).items() if k != "config"},
         overrides=overrides,
         versioned_from=base if root != base and sub == "fit" and not ckpt_path else None,
+        changed=changed,
     )
     if ckpt_path:
         force = bool(cfg.get("force_resume"))
