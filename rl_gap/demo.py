@@ -33,7 +33,7 @@ TASKS = {
         "150 unseen test characters × 8 renderings, every image a query against the other 1,199",
         "the recipe's loss tables, chosen by `rl-gap compare --config "
         "recipes/demo/glyph_classes.yaml --losses gsap,msap,infonce --tau-grid "
-        "0.005,0.01,0.02,0.05,0.1` (best validation gAP on 30% of the training characters, "
+        "0.005,0.01,0.02,0.05,0.1,0.2,0.5` (best validation gAP on 30% of the training characters, "
         "docs/reproducing.md)",
     ),
     "mnist": (

@@ -92,7 +92,11 @@ def test_demo_defaults_to_the_glyph_comparison(monkeypatch, capsys):
     plan = seen["plan"]
     assert plan.recipe.endswith("recipes/demo/mnist_gsap.yaml") and list(plan.seeds) == [0, 1, 2]
     assert seen["runner"].overrides[-4:] == [
-        "--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "2"]
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.check_val_every_n_epoch",
+        "2",
+    ]
     with pytest.raises(SystemExit):
         demo.main(["--seeds", "0"])
 
@@ -115,7 +119,11 @@ def test_tiny_glyph_demo_prints_table_and_paired_verdicts(tmp_path, capsys, monk
     with (tmp_path / "demo" / "glyphs" / "runs.csv").open() as f:
         runs = list(csv.DictReader(f))
     assert [(r["loss"], r["seed"]) for r in runs] == [
-        ("gsap", "0"), ("gsap", "1"), ("infonce", "0"), ("infonce", "1")]
+        ("gsap", "0"),
+        ("gsap", "1"),
+        ("infonce", "0"),
+        ("infonce", "1"),
+    ]
     for loss in ("gsap", "infonce"):  # the table: numpy mean ± std (ddof=1) of the runs
         for metric in ("gAP", "C", "gAP/C"):
             values = 100 * np.array([float(r[metric]) for r in runs if r["loss"] == loss])

@@ -26,7 +26,9 @@ def _floats(text: str) -> list[float]:
     try:
         return [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
 
 
 def _names(text: str) -> list[str]:
@@ -51,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics", type=lambda s: [t.strip() for t in s.split(",") if t.strip()],
         default=list(VERDICT_METRICS), help="metrics of the paired verdicts",
     )  # fmt: skip
-    parser.add_argument("--output", default=None, help="output folder (default runs/compare/<name>)")
+    parser.add_argument(
+        "--output", default=None, help="output folder (default runs/compare/<name>)"
+    )
     parser.add_argument("--name", default=None, help="W&B group (default: the recipe's name)")
     parser.add_argument(
         "--overrides", default="", help='rl-gap fit overrides for every run, e.g. "--trainer.max_epochs 2"'
@@ -74,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from rl_gap.experiments.runner import Runner
 
     if args.seeds < 1 or args.tau_seeds < 1:
-        raise ValueError(f"--seeds and --tau-seeds must be >= 1, got {args.seeds}, {args.tau_seeds}")
+        raise ValueError(
+            f"--seeds and --tau-seeds must be >= 1, got {args.seeds}, {args.tau_seeds}"
+        )
     name = args.name or Path(args.config).stem
     out = Path(args.output or Path("runs") / "compare" / name).resolve()
     overrides = shlex.split(args.overrides)

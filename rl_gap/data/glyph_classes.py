@@ -69,7 +69,9 @@ def render_classes(
     """
     specs = render_specs(font_paths(font_dir), canvas)
     if not 1 <= renders <= len(specs):
-        raise ValueError(f"renders must be in [1, {len(specs)}] (distinct renderings), got {renders}")
+        raise ValueError(
+            f"renders must be in [1, {len(specs)}] (distinct renderings), got {renders}"
+        )
     rng = random.Random(seed)
     images = np.empty((len(chars) * renders, canvas, canvas), dtype=np.uint8)
     labels = np.repeat(np.arange(len(chars), dtype=np.int64), renders)

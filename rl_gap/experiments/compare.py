@@ -221,7 +221,9 @@ def compare(
     def done(job: Job, metrics: dict[str, float]) -> None:
         if progress is not None:
             where = job.run_dir.relative_to(plan.output)
-            progress(f"{where}: {job.job_type} gAP {100 * metrics.get('val/gap', float('nan')):.2f}")
+            progress(
+                f"{where}: {job.job_type} gAP {100 * metrics.get('val/gap', float('nan')):.2f}"
+            )
 
     val_rows: list[dict[str, Any]] = []
     val_gap: dict[str, float] = {}
@@ -346,7 +348,9 @@ def log_to_wandb(mode: str, group: str, out: Path, result: Result) -> None:
     )  # fmt: skip
     for key, rows in (("compare/table", result.summary), ("compare/runs", result.rows)):
         columns = list(dict.fromkeys(k for r in rows for k in r))
-        run.log({key: wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])})
+        run.log(
+            {key: wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])}
+        )
     plot = out / "paired.png"
     if plot.is_file():
         run.log({"compare/paired": wandb.Image(str(plot))})

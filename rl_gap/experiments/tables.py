@@ -40,7 +40,6 @@ from typing import Any
 
 from rl_gap.experiments.runner import METRICS
 
-
 #: table column -> logged key of the consistency ceiling C and the efficiency gAP / C
 CONSISTENCY: dict[str, str] = {"C": "ceiling", "gAP/C": "efficiency"}
 

@@ -48,6 +48,8 @@ def test_ceiling_and_efficiency_logged_against_brute_force(seed):
 
 
 def test_ceiling_off_logs_none():
-    emb = torch.nn.functional.normalize(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)))
+    emb = torch.nn.functional.normalize(
+        torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    )
     logged = _logged(False, emb, torch.tensor([0, 0, 0, 1, 1, 1]))
     assert "val/gap" in logged and "val/ceiling" not in logged and "val/efficiency" not in logged

@@ -148,7 +148,11 @@ def test_command_trains_tiny_runs_resumes_and_writes_everything(tmp_path, capsys
     with (tmp_path / "runs.csv").open() as f:
         runs = list(csv.DictReader(f))
     assert [(r["loss"], r["seed"]) for r in runs] == [
-        ("gsap", "0"), ("gsap", "1"), ("infonce", "0"), ("infonce", "1")]
+        ("gsap", "0"),
+        ("gsap", "1"),
+        ("infonce", "0"),
+        ("infonce", "1"),
+    ]
     for r in runs:  # the table's numbers are the runs' logged test metrics; seed = data order
         record = json.loads(next((tmp_path / "test" / r["loss"]).glob(
             f"tau_*/seed_{r['seed']}/result.json")).read_text())  # fmt: skip

@@ -72,7 +72,10 @@ def test_datamodule_splits_data_fixed_and_batch_order_seeded():
     assert a.datasets["val"] is test  # val_split 0: validation is the test split
     # the data do not depend on the seed; the batch order does
     assert torch.equal(train.images, b.datasets["train"].images)
-    order_a, order_b = list(a.train_dataloader().batch_sampler), list(b.train_dataloader().batch_sampler)
+    order_a, order_b = (
+        list(a.train_dataloader().batch_sampler),
+        list(b.train_dataloader().batch_sampler),
+    )
     assert len(order_a) == 5 and order_a != order_b
     for batch in order_a:  # 4 characters x 4 renderings per batch
         assert sorted(torch.bincount(train.labels[batch]).tolist())[-4:] == [4, 4, 4, 4]
