@@ -171,3 +171,50 @@ def test_command_trains_tiny_runs_resumes_and_writes_everything(tmp_path, capsys
     assert cli_main(argv) == 0
     assert sorted(str(p) for p in tmp_path.rglob("version_*")) == versions
     assert (tmp_path / "table.md").read_text() == table
+
+
+def test_command_groups_runs_in_wandb_and_logs_a_summary(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    import rl_gap.experiments.compare as engine
+
+    seen: dict = {}
+
+    def fake_compare(plan, runner, progress=None):
+        seen["runner"] = runner
+        plan.output.mkdir(parents=True, exist_ok=True)
+        rows = [{"loss": "gsap", "seed": 0, "gAP": 0.5}, {"loss": "msap", "seed": 0, "gAP": 0.4}]
+        verdicts = engine.paired_verdicts(rows, ("gAP",))
+        return engine.Result(rows, [{"loss": "gsap", "gAP_mean": 0.5}], {}, verdicts, "T", 1.0)
+
+    class Run:
+        def __init__(self):
+            self.logged, self.summary = {}, {}
+
+        def log(self, values):
+            self.logged.update(values)
+
+        def finish(self):
+            seen["finished"] = True
+
+    def init(**kw):
+        seen["init"], seen["run"] = kw, Run()
+        return seen["run"]
+
+    fake = types.SimpleNamespace(init=init, Table=lambda columns, data: (columns, data),
+                                 Image=lambda path: path, Settings=lambda **kw: kw)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(engine, "compare", fake_compare)
+    argv = ["compare", "--config", RECIPE, "--losses", "gsap,msap", "--name", "g1",
+            "--output", str(tmp_path), "--wandb", "offline"]  # fmt: skip
+    assert cli_main(argv) == 0
+    assert seen["runner"].group == "g1" and seen["runner"].wandb == "offline"
+    assert seen["init"]["group"] == "g1" and seen["init"]["mode"] == "offline"
+    columns, data = seen["run"].logged["compare/runs"]
+    assert columns == ["loss", "seed", "gAP"] and data[1] == ["msap", 0, 0.4]
+    assert seen["run"].summary["verdict/gsap-msap/gAP"] == pytest.approx(0.1)
+    assert seen["finished"]
+    seen.clear()
+    assert cli_main([*argv[:-1], "off"]) == 0
+    assert "init" not in seen  # W&B off: no summary run
