@@ -287,7 +287,7 @@ def report(
         lines.append(_grid_table(plan, val_rows))
     else:
         lines.append(f"τ per loss: {plan.tau_source}.")
-    lines += ["", f"Paired verdicts ({PAIRED_RULE}):", ""]
+    lines += ["", f"Paired verdicts, {PAIRED_RULE}:", ""]
     lines += [f"- {v.line()}" for v in verdicts]
     return "\n".join(lines)
 
