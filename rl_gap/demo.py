@@ -1,111 +1,92 @@
-"""``make demo``: train the MNIST metric-learning demo with gSAP, mSAP and InfoNCE over seeds.
+"""``make demo``: gSAP against mSAP and InfoNCE, seed by seed, on a many-class CPU task.
 
-Each loss runs its recipe ``recipes/demo/mnist_<loss>.yaml`` through the same
-``rl-gap fit`` CLI a researcher uses (CPU, a few epochs, digits 0-4 for
-training, unseen digits 5-9 for evaluation), once per seed (3 by default).
-The table lists, per loss, mean ± std over the seeds (sample std, ddof=1) of
-gAP, mAP, R@1 over all test queries and the threshold protocol of the gSAP
-paper (§C.3: shared thresholds fitted on half of the test digits, reported on
-the other half): R@P90, F1g (F1 at the shared threshold), F1q (mean per-query
-best F1). Under it, per metric, a best loss is named only where its lead of
-means over every other loss exceeds the sum of their two stds; otherwise the
-losses are tied on this demo (``rl_gap.experiments.tables.leader``).
+The default task (``--task glyphs``, recipe ``recipes/demo/glyph_classes.yaml``) is
+class-disjoint metric learning on glyphs rendered offline from the DejaVu fonts:
+150 training characters × 16 renderings, evaluation on 150 unseen characters × 8
+(every test image a query against the other 1,199). Each loss trains at its own
+temperature, chosen on held-out *training* characters by ``rl-gap compare
+--tau-grid`` and stored in the recipe's loss tables (``docs/reproducing.md``); seed
+``s`` sets both the initialisation and the data order, so the runs of the losses are
+compared seed by seed. Printed: the mean ± std table of the test split (gAP, mAP,
+R@1, R@P90, F1g, F1q, the consistency ceiling C and the efficiency gAP / C) and the
+paired verdicts (per-seed differences, wins out of n, paired t and sign test). Two
+runs at a time, one torch thread each (``--jobs``, ``--threads``).
 
-    python -m rl_gap.demo [--losses gsap msap infonce] [--seeds 3] [--epochs N] [--output_dir runs]
+``--task mnist``: the quick MNIST demo (train digits 0-4, test 5-9), same output.
+
+    python -m rl_gap.demo [--task glyphs|mnist] [--losses gsap msap infonce] [--seeds 5]
+                          [--jobs 2] [--threads 1] [--output_dir runs] [rl-gap fit overrides]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-
-from rl_gap.experiments.runner import METRICS
-from rl_gap.experiments.tables import (
-    RANKING_RULE,
-    aggregate,
-    cell,
-    metric_row,
-    ranking_lines,
-)
-from rl_gap.resources import recipe_path
+import os
+from pathlib import Path
 
 LOSSES = ("gsap", "msap", "infonce")
-SEEDS = 3
-
-
-def train_one(
-    loss: str, output_dir: str, epochs: int | None, extra: list[str], seed: int = 0
-) -> dict[str, float]:
-    """Run ``rl-gap fit`` on the loss's demo recipe with ``seed``; return its final metrics."""
-    from rl_gap.training.cli import run_lightning_cli
-
-    recipe = recipe_path(f"demo/mnist_{loss}")  # shipped in the package (rl_gap.resources)
-    argv = ["fit", "--config", str(recipe), "--output_dir", output_dir]
-    argv += ["--seed_everything", str(seed)]
-    if epochs is not None:
-        argv += [
-            "--trainer.max_epochs",
-            str(epochs),
-            "--trainer.check_val_every_n_epoch",
-            str(epochs),
-        ]
-    cli = run_lightning_cli(argv + extra)
-    return {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
-
-
-def format_table(
-    runs: list[dict[str, float | str | int]], seconds: dict[str, float], num_seeds: int
-) -> str:
-    """Loss x (gAP, mAP, R@1, R@P90, F1g, F1q), mean ± std in percent, and the verdicts.
-
-    ``runs``: one row per (loss, seed) with the metrics of
-    :data:`rl_gap.experiments.runner.METRICS` in [0, 1]; ``seconds``: mean wall
-    time of one run per loss.
-    """
-    rows = aggregate(runs, ["loss"])
-    width = 15
-    header = f"{'loss':<9}" + "".join(f"{c:>{width}}" for c in METRICS) + f"{'time/run':>10}"
-    lines = [header, "-" * len(header)]
-    for row in rows:
-        cells = "".join(f"{cell(row, m):>{width}}" for m in METRICS)
-        lines.append(f"{row['loss']:<9}{cells}{seconds[row['loss']]:>9.0f}s")
-    lines.append("")
-    lines.append(
-        f"mean ± std over {num_seeds} seed(s) (ddof=1). Test digits 5-9 (unseen in training), "
-        "every image a query against the other 2,499; R@P90/F1g/F1q: thresholds fitted on "
-        "half of the test digits, reported on the other half."
-    )
-    lines.append(f"ranking rule: {RANKING_RULE}.")
-    lines += ranking_lines(rows, tuple(METRICS), label="loss", scope="this demo")
-    return "\n".join(lines)
+#: task -> (shipped recipe, default seeds, what the table reports, where each τ comes from)
+TASKS = {
+    "glyphs": (
+        "demo/glyph_classes",
+        5,
+        "150 unseen test characters × 8 renderings, every image a query against the other 1,199",
+        "the recipe's loss tables, chosen by `rl-gap compare --config "
+        "recipes/demo/glyph_classes.yaml --losses gsap,msap,infonce --tau-grid "
+        "0.005,0.01,0.02,0.05,0.1,0.2,0.5` (best validation gAP on 30% of the training characters, "
+        "docs/reproducing.md)",
+    ),
+    "mnist": (
+        "demo/mnist_gsap",
+        3,
+        "unseen digits 5-9, every image a query against the other 2,499",
+        "the recipe's loss tables",
+    ),
+}
+QUIET = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rl_gap.demo", description=__doc__.split("\n")[0]
     )
+    parser.add_argument("--task", choices=tuple(TASKS), default="glyphs")
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (glyphs 5, mnist 3)")
+    parser.add_argument("--epochs", type=int, default=None, help="override the recipe's max_epochs")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="runs side by side")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument(
-        "--seeds", type=int, default=SEEDS, help="runs per loss, seeds 0 .. N-1 (default 3)"
-    )
-    parser.add_argument("--epochs", type=int, default=None, help="override the recipes' max_epochs")
-    parser.add_argument(
-        "--output_dir",
-        default="runs",
-        help="runs go to <output_dir>/demo/mnist_<loss>/seed<N>[-<overrides hash>]",
+        "--output_dir", default="runs", help="runs go to <output_dir>/demo/<task>/test/<loss>/..."
     )
     args, extra = parser.parse_known_args(argv)
-    if args.seeds < 1:
-        parser.error(f"--seeds must be >= 1, got {args.seeds}")
-    runs, seconds = [], {}
-    for loss in args.losses:
-        start = time.perf_counter()
-        for seed in range(args.seeds):
-            metrics = train_one(loss, args.output_dir, args.epochs, extra, seed)
-            runs.append({"loss": loss, "seed": seed, **metric_row(metrics)})
-        seconds[loss] = (time.perf_counter() - start) / args.seeds
-    print("\nMNIST metric-learning demo (rl_gap), metrics in %:\n")
-    print(format_table(runs, seconds, args.seeds))
+    recipe_name, default_seeds, test_set, tau_source = TASKS[args.task]
+    seeds = default_seeds if args.seeds is None else args.seeds
+    if seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {seeds}")
+    if args.epochs is not None:
+        extra += ["--trainer.max_epochs", str(args.epochs),
+                  "--trainer.check_val_every_n_epoch", str(args.epochs)]  # fmt: skip
+
+    from rl_gap.experiments.compare import Comparison, compare
+    from rl_gap.experiments.runner import Runner
+    from rl_gap.resources import recipe_path
+
+    out = (Path(args.output_dir) / "demo" / args.task).resolve()
+    plan = Comparison(
+        recipe=str(recipe_path(recipe_name)), losses=args.losses, seeds=list(range(seeds)),
+        output=out, workers=args.jobs, threads=args.threads, extra=tuple(extra),
+        tau_source=tau_source,
+    )  # fmt: skip
+    runner = Runner(wandb="auto", group=f"demo-{args.task}", overrides=[*QUIET, *extra])
+    print(f"[demo] {args.task}: {len(args.losses)} losses × {seeds} seeds, "
+          f"{args.jobs} run(s) at a time; runs in {out}", flush=True)  # fmt: skip
+    result = compare(plan, runner, progress=lambda line: print(f"[demo] {line}", flush=True))
+    print(f"\n{args.task} metric-learning demo (rl_gap), metrics in %, test split: {test_set}.\n")
+    print(result.text)
+    print(f"\nwall time {result.seconds:.0f} s ({len(result.rows)} runs); "
+          f"table, runs and paired plot in {out}")  # fmt: skip
     return 0
 
 

@@ -8,6 +8,9 @@ else tied. References: hand-made tables with numpy's mean / std(ddof=1).
 
 from __future__ import annotations
 
+import csv
+import os
+
 import numpy as np
 import pytest
 
@@ -68,45 +71,65 @@ def test_ranking_lines_per_setting():
     assert lines[1].startswith("rho=4: gAP: tied on this sweep")
 
 
-def _runs():
-    values = {  # loss -> gAP of seeds 0, 1, 2; mAP equal for all losses
-        "gsap": [0.600, 0.612, 0.588],
-        "msap": [0.599, 0.611, 0.587],
-        "infonce": [0.400, 0.410, 0.390],
-    }
-    runs = []
-    for loss, gaps in values.items():
-        for seed, gap in enumerate(gaps):
-            metrics = {m: 0.5 for m in demo.METRICS}
-            metrics["gAP"] = gap
-            runs.append({"loss": loss, "seed": seed, **metrics})
-    return values, runs
+def test_demo_defaults_to_the_glyph_comparison(monkeypatch, capsys):
+    import rl_gap.experiments.compare as engine
 
+    seen = {}
 
-def test_demo_table_prints_mean_std_and_ties():
-    values, runs = _runs()
-    text = demo.format_table(runs, {"gsap": 10.0, "msap": 11.0, "infonce": 9.0}, 3)
-    for gaps in values.values():
-        mean, std = 100 * np.mean(gaps), 100 * np.std(gaps, ddof=1)
-        assert f"{mean:.2f} ± {std:.2f}" in text
-    gap_line = next(line for line in text.splitlines() if line.startswith("gAP:"))
-    assert "tied on this demo" in gap_line and "gsap vs msap" in gap_line
-    map_line = next(line for line in text.splitlines() if line.startswith("mAP:"))
-    assert "tied on this demo" in map_line
-    assert "best gAP" not in text
+    def fake_compare(plan, runner, progress=None):
+        seen["plan"], seen["runner"] = plan, runner
+        return engine.Result([], [], {}, [], "TABLE", 1.0)
 
-
-def test_demo_runs_three_seeds_per_loss_by_default(monkeypatch, capsys):
-    calls = []
-
-    def fake_train_one(loss, output_dir, epochs, extra, seed=0):
-        calls.append((loss, seed))
-        return {"val/gap": {"gsap": 0.9, "msap": 0.5, "infonce": 0.1}[loss] + 0.001 * seed}
-
-    monkeypatch.setattr(demo, "train_one", fake_train_one)
-    assert demo.main([]) == 0
-    assert calls == [(loss, seed) for loss in demo.LOSSES for seed in range(3)]
-    out = capsys.readouterr().out
-    assert "gAP: best gsap" in out
+    monkeypatch.setattr(engine, "compare", fake_compare)
+    assert demo.main(["--output_dir", "somewhere"]) == 0
+    plan = seen["plan"]
+    assert plan.recipe.endswith("recipes/demo/glyph_classes.yaml")
+    assert list(plan.losses) == ["gsap", "msap", "infonce"] and list(plan.seeds) == [0, 1, 2, 3, 4]
+    assert plan.tau_grid is None and "--tau-grid" in plan.tau_source  # τ from the recipe, said so
+    assert (plan.workers, plan.threads) == (min(2, os.cpu_count() or 1), 1)
+    assert "TABLE" in capsys.readouterr().out
+    assert demo.main(["--task", "mnist", "--epochs", "2"]) == 0
+    plan = seen["plan"]
+    assert plan.recipe.endswith("recipes/demo/mnist_gsap.yaml") and list(plan.seeds) == [0, 1, 2]
+    assert seen["runner"].overrides[-4:] == [
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.check_val_every_n_epoch",
+        "2",
+    ]
     with pytest.raises(SystemExit):
         demo.main(["--seeds", "0"])
+
+
+TINY = [
+    "--data.init_args.train_classes", "16", "--data.init_args.test_classes", "8",
+    "--data.init_args.train_renders", "4", "--data.init_args.test_renders", "3",
+    "--data.init_args.canvas", "16", "--data.init_args.batch_size", "16",
+    "--data.init_args.batches_per_epoch", "3", "--model.init_args.backbone_kwargs", "{width: 4}",
+    "--model.init_args.dim", "8",
+]  # fmt: skip
+
+
+def test_tiny_glyph_demo_prints_table_and_paired_verdicts(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    argv = ["--losses", "gsap", "infonce", "--seeds", "2", "--jobs", "1",
+            "--output_dir", str(tmp_path), *TINY]  # fmt: skip
+    assert demo.main(argv) == 0
+    out = capsys.readouterr().out
+    with (tmp_path / "demo" / "glyphs" / "runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    assert [(r["loss"], r["seed"]) for r in runs] == [
+        ("gsap", "0"),
+        ("gsap", "1"),
+        ("infonce", "0"),
+        ("infonce", "1"),
+    ]
+    for loss in ("gsap", "infonce"):  # the table: numpy mean ± std (ddof=1) of the runs
+        for metric in ("gAP", "C", "gAP/C"):
+            values = 100 * np.array([float(r[metric]) for r in runs if r["loss"] == loss])
+            assert f"{values.mean():.2f} ± {values.std(ddof=1):.2f}" in out
+    diffs = [float(runs[i]["gAP"]) - float(runs[i + 2]["gAP"]) for i in (0, 1)]
+    wins = sum(d > 0 for d in diffs)
+    assert (f"gAP: gsap ahead of infonce in {wins}/2 seeds, {100 * np.mean(diffs):+.2f} ± "
+            f"{100 * np.std(diffs, ddof=1):.2f} points") in out  # fmt: skip
+    assert "| loss | τ | gAP (%)" in out and "| gsap | 0.1 |" in out

@@ -93,6 +93,7 @@ def evaluation_metrics(
     protocol_seed: int = 0,
     block_size: int = 2048,
     shard: Shard | None = None,
+    ceiling: bool | None = None,
 ):
     """Metrics of an evaluation split as the papers report them; returns ``(metrics, state)``.
 
@@ -101,10 +102,12 @@ def evaluation_metrics(
     leave-one-out query, as in prior work (iNaturalist: all 136,093 test images),
     whatever the query subset (``query_positions``; None: every item). ``shard``:
     the processes split each engine pass's blocks (``rl_gap.metrics.functional.sharding``).
+    ``ceiling``: the consistency ceiling C and efficiency gAP / C (``ceiling``, ``efficiency``,
+    ...; None: when the split has at most 2e6 positive pairs, as ``evaluate_embeddings``).
     """
     return evaluate_embeddings(
         **_engine_problem(embeddings, labels, query_positions), ks=ks, precisions=precisions,
-        map_at=map_at, ceiling=False, protocol=True, seed=protocol_seed, block_size=block_size,
+        map_at=map_at, ceiling=ceiling, protocol=True, seed=protocol_seed, block_size=block_size,
         shard=shard, recall_over_database=query_positions is not None,
         protocol_failure="nan", return_state=True,
     )  # fmt: skip
@@ -130,6 +133,9 @@ class RetrievalEvaluation(Callback):
             evaluated item classified by its ``knn_k`` nearest other items of the split
             (leave-one-out; the split's classes need not be the training classes);
             ``knn_k=0`` turns it off.
+        ceiling: also log the consistency ceiling C (``<stage>/ceiling``) and the
+            efficiency gAP / C (``<stage>/efficiency``); None: when the split has at most
+            2e6 positive pairs (C costs O(P log P) for P positive pairs).
     """
 
     def __init__(
@@ -144,6 +150,7 @@ class RetrievalEvaluation(Callback):
         sharded: bool = True,
         knn_k: int = 20,
         knn_temperature: float = 0.07,
+        ceiling: bool | None = None,
     ) -> None:
         if knn_k < 0 or knn_temperature <= 0:
             raise ValueError(
@@ -151,6 +158,7 @@ class RetrievalEvaluation(Callback):
             )
         self.knn_k, self.knn_temperature = int(knn_k), float(knn_temperature)
         self.plots = plots
+        self.ceiling = ceiling
         self.sharded = bool(sharded)
         # checked here, at construction, not after the first training epoch
         self.ks, (self.precision,), self.map_at, _ = check_suite_arguments(ks, (precision,), map_at)
@@ -251,7 +259,7 @@ class RetrievalEvaluation(Callback):
                     metrics, state = evaluation_metrics(
                         emb, labels, queries, ks=self.ks, precisions=(self.precision,),
                         map_at=self.map_at, protocol_seed=self.protocol_seed,
-                        block_size=self.block_size, shard=shard,
+                        block_size=self.block_size, shard=shard, ceiling=self.ceiling,
                     )  # fmt: skip
                 if self.knn_k > 0 and roles is None and trainer.is_global_zero:
                     knn = leave_one_out_knn_accuracy(

@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rl_gap.commands.tune",
         "Optuna search of lr and τ per loss, then seeds: mean ± std table (CSV, Markdown, W&B)",
     ),
+    "compare": (
+        "rl_gap.commands.compare",
+        "losses × seeds on one recipe (optional τ grid on held-out classes): table, paired verdicts",
+    ),
     "sweep-scarce": (
         "rl_gap.experiments.scarce",
         "scarce-data protocol: γ% of classes × ρ images per class × loss table over seeds",

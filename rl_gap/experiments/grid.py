@@ -10,8 +10,9 @@ so an interrupted sweep resumes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,91 @@ def run_grid(
             metrics = runner.run(setting.recipe, run_dir, seed, list(setting.overrides))
             rows.append({**setting.labels, "seed": seed, **metric_row(metrics)})
     return rows
+
+
+@dataclass(frozen=True)
+class Job:
+    """One seeded run of :meth:`Runner.run`: recipe, run folder, seed, its own overrides."""
+
+    recipe: str
+    run_dir: Path
+    seed: int
+    overrides: tuple[str, ...] = ()
+    job_type: str = "train"
+
+
+def run_jobs(
+    runner: Runner,
+    jobs: Sequence[Job],
+    workers: int = 1,
+    threads: int | None = None,
+    done: Callable[[Job, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Run ``jobs`` (finished ones are read back from their ``result.json``); metrics in order.
+
+    Args:
+        runner: how every run is launched (in-process or a child command, W&B, overrides).
+        jobs: the runs.
+        workers: runs at a time; above 1, each in a worker process (``spawn``), so two
+            small CPU runs use two cores better than one run with two threads.
+        threads: torch intra-op threads per run (None: torch's default). Small models on
+            a few cores train faster with 1 thread per run and runs side by side.
+        done: called with every finished job and its metrics (in completion order).
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 or None, got {threads}")
+    if workers == 1:
+        results = []
+        with _torch_threads(threads):
+            for job in jobs:
+                results.append(_run_job(runner, job))
+                if done is not None:
+                    done(job, results[-1])
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_set_threads,
+                               initargs=(threads,))  # fmt: skip
+    try:
+        futures = {pool.submit(_run_job, runner, job): i for i, job in enumerate(jobs)}
+        results: list[dict[str, float] | None] = [None] * len(jobs)
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()  # a failed run raises here, naming its folder
+            if done is not None:
+                done(jobs[i], results[i])
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return [r for r in results if r is not None]
+
+
+def _run_job(runner: Runner, job: Job) -> dict[str, float]:
+    return runner.run(job.recipe, job.run_dir, job.seed, list(job.overrides), job.job_type)
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

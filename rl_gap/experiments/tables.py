@@ -15,6 +15,19 @@ of means exceeds the sum of the two standard deviations,
 two seeds (one seed has no spread). Otherwise the rows are tied on that
 metric. The demo, ``rl-gap tune``, ``rl-gap sweep-scarce`` and the studies
 print this verdict under their tables.
+
+Paired verdicts (:func:`paired_verdict`, :func:`paired_lines`): runs of two losses
+with the same seed share the initialisation and the data order, so they are
+compared seed by seed: the per-seed differences ``a − b``, their mean ± std
+(ddof=1), the number of seeds where ``a`` is ahead, the paired t statistic
+``mean / (std / √n)`` with its two-sided p-value (Student t, n − 1 degrees of
+freedom) and the two-sided sign-test p-value (exact binomial, ties dropped).
+The unpaired ranking rule above is for rows whose runs are not paired.
+
+:data:`CONSISTENCY`: the consistency ceiling C and the efficiency gAP / C
+(``rl_gap.metrics.functional.ceiling``), the split of a gAP gain into "the
+per-query rankings got better" (C) and "the scores got comparable across
+queries" (gAP / C).
 """
 
 from __future__ import annotations
@@ -22,15 +35,25 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rl_gap.experiments.runner import METRICS
 
+#: table column -> logged key of the consistency ceiling C and the efficiency gAP / C
+CONSISTENCY: dict[str, str] = {"C": "ceiling", "gAP/C": "efficiency"}
 
-def metric_row(metrics: dict[str, float], prefix: str = "val/") -> dict[str, float]:
-    """Table-named metrics (gAP, mAP, ...) from a run's logged ``val/*`` values (NaN if absent)."""
-    return {name: float(metrics.get(prefix + key, math.nan)) for name, key in METRICS.items()}
+
+def metric_row(
+    metrics: dict[str, float], prefix: str = "val/", names: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Table-named metrics (gAP, mAP, ...) from a run's logged ``val/*`` values (NaN if absent).
+
+    ``names``: table column -> logged key (default :data:`METRICS`).
+    """
+    names = METRICS if names is None else names
+    return {name: float(metrics.get(prefix + key, math.nan)) for name, key in names.items()}
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -185,3 +208,153 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+# ------------------------------------------------------------------ paired verdicts
+PAIRED_RULE = (
+    "paired by seed (same initialisation and data order): per-seed differences a − b, "
+    "mean ± std (ddof=1), seeds where a is ahead, paired t = mean / (std / √n) with its "
+    "two-sided p (Student t, n − 1 dof), two-sided sign-test p (ties dropped)"
+)
+
+
+@dataclass(frozen=True)
+class PairedVerdict:
+    """Seed-by-seed comparison of rows ``a`` and ``b`` on one metric.
+
+    Attributes:
+        a, b: the two compared labels (``diffs`` are ``a − b``).
+        metric: table name of the metric (gAP, mAP, ...).
+        seeds: the seeds both have, in ascending order.
+        diffs: per-seed differences ``a − b`` (metric units, [0, 1] scale).
+        mean, std: mean and sample std (ddof=1; 0 for one seed) of ``diffs``.
+        wins, losses: seeds where ``a`` is ahead / behind (exact ties count in neither).
+        t: paired t statistic (NaN with fewer than 2 seeds; ±inf when every difference
+            is equal and non-zero).
+        p_t: two-sided p-value of ``t`` (NaN with fewer than 2 seeds).
+        p_sign: two-sided exact sign-test p-value (1.0 when every seed ties).
+    """
+
+    a: Any
+    b: Any
+    metric: str
+    seeds: tuple[Any, ...]
+    diffs: tuple[float, ...]
+    mean: float
+    std: float
+    wins: int
+    losses: int
+    t: float
+    p_t: float
+    p_sign: float
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    def line(self) -> str:
+        """``"gAP: gsap ahead of msap in 5/5 seeds, +3.29 ± 1.43 points (paired t = 5.14, p = 0.0068;
+        sign test p = 0.062)"``."""
+        if self.n < 2:
+            test = "one seed: no paired test"
+        else:
+            test = f"paired t = {self.t:.2f}, p = {_p(self.p_t)}; sign test p = {_p(self.p_sign)}"
+        ties = self.n - self.wins - self.losses
+        tied = f", tied in {ties}" if ties else ""
+        return (
+            f"{self.metric}: {self.a} ahead of {self.b} in {self.wins}/{self.n} seeds{tied}, "
+            f"{100 * self.mean:+.2f} ± {100 * self.std:.2f} points ({test})"
+        )
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: P(a split at least as uneven as ``wins``:``losses``) under 1/2."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    tail = math.fsum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_t(diffs: Sequence[float]) -> tuple[float, float]:
+    """(t, two-sided p) of the one-sample t test of mean(diffs) = 0 (NaN, NaN for n < 2)."""
+    n = len(diffs)
+    if n < 2:
+        return math.nan, math.nan
+    mean, std = mean_std(diffs)
+    if std == 0.0:
+        if mean == 0.0:
+            return 0.0, 1.0
+        return math.copysign(math.inf, mean), 0.0
+    t = mean / (std / math.sqrt(n))
+    from scipy.stats import t as student  # scipy comes with mlxtend, a dependency
+
+    return t, float(2 * student.sf(abs(t), n - 1))
+
+
+def paired_verdict(
+    rows: Iterable[dict[str, Any]],
+    metric: str,
+    a: Any,
+    b: Any,
+    label: str = "loss",
+    pair_by: str = "seed",
+) -> PairedVerdict:
+    """Compare ``label == a`` with ``label == b`` on ``metric``, run by run, paired by ``pair_by``.
+
+    ``rows`` are single runs (one per label and seed, metric in [0, 1]). Seeds that only
+    one of the two has are left out; a seed given twice for one label is an error.
+
+    Raises:
+        ValueError: no seed in common, or a duplicated (label, seed).
+    """
+    values: dict[Any, dict[Any, float]] = {a: {}, b: {}}
+    for row in rows:
+        if row[label] in values:
+            seen = values[row[label]]
+            if row[pair_by] in seen:
+                raise ValueError(f"two runs of {label}={row[label]} with {pair_by}={row[pair_by]}")
+            seen[row[pair_by]] = float(row[metric])
+    seeds = tuple(sorted(set(values[a]) & set(values[b])))
+    if not seeds:
+        raise ValueError(f"{label}={a} and {label}={b} have no {pair_by} in common to pair")
+    diffs = tuple(values[a][s] - values[b][s] for s in seeds)
+    mean, std = mean_std(diffs)
+    wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    t, p_t = paired_t(diffs)
+    return PairedVerdict(a, b, metric, seeds, diffs, mean, std, wins, losses, t, p_t,
+                         sign_test_p(wins, losses))  # fmt: skip
+
+
+def paired_verdicts(
+    rows: Sequence[dict[str, Any]],
+    metrics: Sequence[str] = tuple(METRICS),
+    label: str = "loss",
+    pair_by: str = "seed",
+) -> list[PairedVerdict]:
+    """Every pair of labels (first-seen order: first minus later) on every metric."""
+    labels: list[Any] = []
+    for row in rows:
+        if row[label] not in labels:
+            labels.append(row[label])
+    return [
+        paired_verdict(rows, metric, a, b, label, pair_by)
+        for i, a in enumerate(labels)
+        for b in labels[i + 1 :]
+        for metric in metrics
+    ]
+
+
+def paired_lines(
+    rows: Sequence[dict[str, Any]],
+    metrics: Sequence[str] = tuple(METRICS),
+    label: str = "loss",
+    pair_by: str = "seed",
+) -> list[str]:
+    """:meth:`PairedVerdict.line` of :func:`paired_verdicts`."""
+    return [v.line() for v in paired_verdicts(rows, metrics, label, pair_by)]
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
