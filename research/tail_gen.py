@@ -41,7 +41,7 @@ so that a drawn share (30–80%) of the positives beats every score of an
 S-distractor pilot; score-level worlds draw each positive's hardness
 log-uniformly in [0.02/N, 30/S] (most lie past the sample's maximum).
 
-    PYTHONPATH=. python -m research.tail_gen --split            # rewrites tail_gen_split.json
+    PYTHONPATH=. python -m research.tail_gen --write-split      # rewrites tail_gen_split.json
     PYTHONPATH=. python -m research.tail_gen --cache /tmp/tailgen  # streams every world once
 """
 
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--split"]:
+    if sys.argv[1:] == ["--write-split"]:
         with open(SPLIT_PATH, "w") as f:
             json.dump(make_split(), f, indent=1)
             f.write("\n")
