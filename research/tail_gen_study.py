@@ -23,8 +23,8 @@ from research.tail_gen import cached, parse_key, split_keys
 from research.tail_pools import sorted_pool_counts
 from rl_gap.metrics.tail import TailPredictor, state_from_scores
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, sample_excesses
-from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, estimate_hardness, sample_excesses
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts, ap_at_k_from_hardness
 
 
 def _registered(name: str, **bayes):
@@ -46,6 +46,64 @@ def _tail_at_sample_rule(factor: float, **bayes):
     return run
 
 
+def _tail_supported(factor: float, **bayes):
+    """``tail`` at the sample-size rule, its shape support following the declared range
+    (ξ ≤ 0 for bounded scores)."""
+
+    def run(pred: TailPredictor, n: int) -> torch.Tensor:
+        n_exc = max(10, int(round(factor * sample_excesses(pred.sample_size))))
+        xi_max = 0.0 if pred.config.score_range is not None else DEFAULT_BAYES.xi_max
+        # The grid is of midpoints: a tiny positive edge keeps ξ ≤ 0 without ξ = 0 exactly.
+        cfg = dataclasses.replace(DEFAULT_BAYES, n_excess=n_exc, xi_max=xi_max or 1e-6, **bayes)
+        return pred.per_query("tail", n, bayes=cfg)
+
+    return run
+
+
+def _evt_support_with(**config):
+    def run(pred: TailPredictor, n: int) -> torch.Tensor:
+        top, size = pred.level(-1)
+        cfg = dataclasses.replace(pred.config, **config)
+        x, _, _ = estimate_hardness("evt_support", pred.pos_sorted, pred.valid, top, size, None, cfg)
+        return ap_at_k_from_hardness(pred.j, pred.valid, x, n, pred.k, "plugin")
+
+    return run
+
+
+def _pooled_plugin(factor: float, mode: str):
+    """Plug-in GPD at the sample-size rule with the shape from the pooled (empirical-Bayes)
+    posterior: its mode (``"map"``) or the posterior-mean hardness (``"mean"``)."""
+
+    def run(pred: TailPredictor, n: int) -> torch.Tensor:
+        from rl_gap.metrics.tail.bayes import gpd_posterior
+        from rl_gap.metrics.tail.gpd import gpd_survival
+        from rl_gap.metrics.tail.hardness import clip_to_range, sample_counts
+
+        top, size = pred.level(-1)
+        rng = pred.config.score_range
+        pos = clip_to_range(pred.pos_sorted, rng, "positives")
+        top = clip_to_range(top, rng, "sample")
+        n_exc = max(10, int(round(factor * sample_excesses(size))))
+        xi_max = 1e-6 if rng is not None else 0.5
+        cfg = dataclasses.replace(DEFAULT_BAYES, n_excess=n_exc, xi_max=xi_max, bias_replicates=0)
+        post = gpd_posterior(top, size, None, cfg)
+        y = (pos.double() - post.threshold.unsqueeze(1)).clamp_min(0.0)
+        if mode == "map":
+            g = post.weight.argmax(1, keepdim=True)
+            sigma, xi = post.sigma.gather(1, g), post.xi[g]
+            x_tail = post.zeta.unsqueeze(1) * gpd_survival(y, sigma, xi)
+        else:
+            surv = gpd_survival(y.unsqueeze(-1), post.sigma.unsqueeze(1), post.xi.view(1, 1, -1))
+            x_tail = post.zeta.unsqueeze(1) * (surv * post.weight.unsqueeze(1)).sum(-1)
+        counts, _ = sample_counts(pos, pred.valid, top)
+        above = pos >= post.threshold.unsqueeze(1)
+        use = pred.valid & (counts < 5) & post.ok.unsqueeze(1) & above
+        x = torch.where(use, x_tail, counts / size)
+        return ap_at_k_from_hardness(pred.j, pred.valid, x, n, pred.k, "plugin")
+
+    return run
+
+
 CANDIDATES = {
     "sample": _registered("sample"),
     "count": _registered("count"),
@@ -59,6 +117,14 @@ CANDIDATES = {
     "tail-nb@4S": _tail_at_sample_rule(4.0, bias_replicates=0),
     "tail@2S": _tail_at_sample_rule(2.0),
     "tail-nb-flat": _registered("tail", bias_replicates=0, prior="flat"),
+    "tail-nb@S-sup": _tail_supported(1.0, bias_replicates=0),
+    "tail-nb@2S-sup": _tail_supported(2.0, bias_replicates=0),
+    "evt_support-xi.5": _evt_support_with(xi_min=-0.5),
+    "map@S": _pooled_plugin(1.0, "map"),
+    "map@2S": _pooled_plugin(2.0, "map"),
+    "map@4S": _pooled_plugin(4.0, "map"),
+    "mean@S": _pooled_plugin(1.0, "mean"),
+    "mean@2S": _pooled_plugin(2.0, "mean"),
 }
 
 

@@ -343,7 +343,8 @@ def _score_sample(args, estimators, queries, distractors, k, config, prep, progr
     # keyed by row, the nested bootstrap resamples distractors jointly across queries.
     state = new_state(
         queries.shape[0], k, config, estimators=estimators, sample_size=S,
-        keyed=args.nested_boot > 0,
+        keyed=args.nested_boot > 0
+        or (args.n_boot > 0 and any(get_estimator(e).fixed_query_interval for e in estimators)),
     )  # fmt: skip
     update = progress.stage("scoring distractors", S)
 

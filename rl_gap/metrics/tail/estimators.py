@@ -25,7 +25,7 @@ from rl_gap.metrics.tail.baselines import (
     single_x_predict,
 )
 from rl_gap.metrics.tail.diagnostics import check_fixed_thresholds, check_sample_thresholds
-from rl_gap.metrics.tail.hardness import estimate_hardness, sample_counts
+from rl_gap.metrics.tail.hardness import estimate_hardness, sample_counts, sample_excesses
 from rl_gap.metrics.tail.intervals import check_n_boot, percentile_interval
 from rl_gap.metrics.tail.posterior_predictive import tail_expected_ap
 from rl_gap.metrics.tail.rank_law import (
@@ -169,6 +169,72 @@ class PosteriorTail(HardnessEstimator):
         return None
 
 
+class PooledTail(PosteriorTail):
+    """``tail_pooled``: the ``tail`` posterior at a sample-size-aware threshold, no bias correction.
+
+    Each query's GPD shape has a posterior on a ξ grid under a normal prior
+    whose mean and spread maximise the marginal likelihood of every query's
+    tail (the queries of one model pool their tail shape). Hardness past the
+    sampled maximum is averaged over that posterior, so it is zero only when
+    every shape the data allow ends below the positive. The threshold follows
+    the sample size (``pooled_excesses``); E[AP@k] is the predictive law.
+    """
+
+    name = "tail_pooled"
+    summary = "GPD shape pooled across queries (posterior over ξ), threshold by sample size"
+    cost = "one posterior per query on a 61-point ξ grid"
+    fixed_query_interval = True
+
+    def settings(self, predictor, level: int, factor: float = 1.0):
+        """The ``tail`` settings of nested level ``level`` (``factor`` scales the exceedances)."""
+        n = pooled_excesses(predictor.level_size(level), predictor.config, factor)
+        # The shape's support follows the declared range: ξ ≤ 0 for scores bounded above.
+        rng = predictor.config.score_range
+        xi_max = 0.0 if rng is not None and math.isfinite(rng[1]) else predictor.bayes.xi_max
+        return dataclasses.replace(predictor.bayes, n_excess=n, bias_replicates=0, xi_max=xi_max)
+
+    def kept_depth(self, config):
+        # The threshold refits reach twice its own exceedances.
+        return max(
+            super().kept_depth(config), int(4 * POOLED_FACTOR * sample_excesses(10**12, config)) + 1
+        )
+
+    def hardness(self, predictor, level, weight):
+        bayes = self.settings(predictor, level)
+        counts, post = predictor.tail_fit(level, weight, bayes)
+        _, n = predictor.level(level)
+        _, x = tail_expected_ap(
+            predictor.pos_sorted, predictor.valid, predictor.j, counts, post, n, n, 1, bayes
+        )
+        return x, counts, post
+
+    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes, factor=1.0):
+        if rank_law != PREDICTIVE:
+            return HardnessEstimator.per_query(
+                self, predictor, gallery_size, rank_law, level, weight, bayes
+            )
+        own = self.settings(predictor, level, factor)
+        terms = predictor.tail_terms(gallery_size, level, weight, own)
+        return ap_from_precision_terms(terms, predictor.valid, predictor.k)
+
+    def checked_as(self, rank_law):
+        return (self.name, rank_law)
+
+    def replicate_settings(self, predictor, rank_law):
+        return None
+
+
+#: ``tail_pooled``'s exceedances, relative to the sample-size rule of ``evt_support``.
+POOLED_FACTOR = 1.0
+
+
+def pooled_excesses(n_sample: int, config, factor: float = 1.0) -> int:
+    """Exceedances ``tail_pooled`` fits for a sample of ``n_sample``: ``POOLED_FACTOR`` ×
+    ``factor`` × ``evt_support``'s (20 at S = 10⁴, 63 at 10⁵), at least ``min_excesses``."""
+    n = int(round(POOLED_FACTOR * factor * sample_excesses(n_sample, config)))
+    return max(int(config.min_excesses), min(n, max(n_sample - 1, 1)))
+
+
 class CurveBaseline(Estimator):
     """An estimator of the mean alone, refitted in every query-bootstrap replicate."""
 
@@ -236,6 +302,7 @@ class CurveFit(CurveBaseline):
 
 for _estimator in (
     PosteriorTail(),
+    PooledTail(),
     PluginGPD(),
     SupportGPD(),
     Count(),

@@ -152,8 +152,9 @@ def predict_map(
         nested_boot, budget,
     )  # fmt: skip
     config = with_score_range(config, score_range)
-    state = state_from_scores(
-        sample_scores, state_capacity(k, config), keyed=nested_boot > 0, seed=seed
-    )
+    # Keyed columns: a resampled distractor moves every query it scores for (the joint
+    # bootstrap, and the default's fixed-query interval).
+    keyed = nested_boot > 0 or (n_boot > 0 and request.estimator.fixed_query_interval)
+    state = state_from_scores(sample_scores, state_capacity(k, config), keyed=keyed, seed=seed)
     predictor = tail_predictor(pos_scores, state, k, config=config, seed=seed, bayes=bayes)
     return predictor.run(request)
