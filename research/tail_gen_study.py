@@ -104,11 +104,25 @@ def _pooled_plugin(factor: float, mode: str):
     return run
 
 
+def _mean_only(name: str):
+    """A curve fit (``single_x``, ``powerlaw``, ``loguniform``): its mean for every query."""
+
+    def run(pred: TailPredictor, n: int) -> torch.Tensor:
+        value = pred.estimate(name, n, n_boot=0, diagnose=False).map
+        return torch.full((pred.pos_sorted.shape[0],), value, dtype=torch.float64)
+
+    return run
+
+
 CANDIDATES = {
     "sample": _registered("sample"),
     "count": _registered("count"),
     "evt": _registered("evt"),
     "evt_support": _registered("evt_support"),
+    "tail_pooled": _registered("tail_pooled"),
+    "single_x": _mean_only("single_x"),
+    "powerlaw": _mean_only("powerlaw"),
+    "loguniform": _mean_only("loguniform"),
     "tail": _registered("tail"),
     "tail-nb": _registered("tail", bias_replicates=0),
     "tail-nb@50": _registered("tail", bias_replicates=0, n_excess=50),

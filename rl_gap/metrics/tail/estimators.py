@@ -200,6 +200,7 @@ class PooledTail(PosteriorTail):
         )
 
     def hardness(self, predictor, level, weight):
+        predictor.clip_to_declared_range()
         bayes = self.settings(predictor, level)
         counts, post = predictor.tail_fit(level, weight, bayes)
         _, n = predictor.level(level)
@@ -209,6 +210,7 @@ class PooledTail(PosteriorTail):
         return x, counts, post
 
     def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes, factor=1.0):
+        predictor.clip_to_declared_range()
         if rank_law != PREDICTIVE:
             return HardnessEstimator.per_query(
                 self, predictor, gallery_size, rank_law, level, weight, bayes
@@ -302,7 +304,6 @@ class CurveFit(CurveBaseline):
 
 for _estimator in (
     PosteriorTail(),
-    PooledTail(),
     PluginGPD(),
     SupportGPD(),
     Count(),
@@ -310,5 +311,6 @@ for _estimator in (
     SingleX(),
     CurveFit("powerlaw", "mAP(n) = a·n^b fitted to the nested sub-samples"),
     CurveFit("loguniform", "mAP(n) = a + b·log n fitted to the nested sub-samples"),
+    PooledTail(),
 ):
     register_estimator(_estimator)

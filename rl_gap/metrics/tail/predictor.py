@@ -19,7 +19,13 @@ from rl_gap.metrics.tail.bayes import (
     gpd_posterior,
 )
 from rl_gap.metrics.tail.diagnostics import diagnose as diagnose_prediction
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, TailFit, sample_counts
+from rl_gap.metrics.tail.hardness import (
+    DEFAULT_CONFIG,
+    TailConfig,
+    TailFit,
+    clip_to_range,
+    sample_counts,
+)
 from rl_gap.metrics.tail.inputs import EstimateRequest, check_predictor_inputs, resolve_request
 from rl_gap.metrics.tail.intervals import joint_bootstrap
 from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
@@ -88,6 +94,18 @@ class TailPredictor:
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
         ] = {}
         self._memo: dict[str, object] = {}
+        self._range_clipped = False
+
+    def clip_to_declared_range(self) -> None:
+        """Clip the positives and the kept sample to ``config.score_range`` (rounding overshoot),
+        refusing scores further out; once (estimators that bound the tail by the range call it)."""
+        if self._range_clipped or self.config.score_range is None:
+            return
+        rng = self.config.score_range
+        self.pos_sorted = clip_to_range(self.pos_sorted, rng, "positive scores")
+        self.state.top.copy_(clip_to_range(self.state.top, rng, "sampled distractor scores"))
+        self._levels.clear()  # rebuilt from the clipped state
+        self._range_clipped = True
 
     @property
     def n_queries_valid(self) -> int:
