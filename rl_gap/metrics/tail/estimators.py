@@ -1,8 +1,11 @@
 """The built-in tail estimators, each registered by name (``registry``).
 
-``evt_support`` (the default) is the paper's plug-in GPD with the shape bound
-following the score support (ξ ≤ 0 for scores in [−1, 1], ξ ≤ 0.5 otherwise),
-chosen on held-out worlds (docs/tail_validation.md); ``tail`` the tail-aware
+``tail_pooled`` (the default, chosen on design families of worlds and judged on
+held-out ones: docs/tail_validation.md) is ``tail``'s posterior over the GPD
+shape, pooled across queries, at a sample-size-aware threshold, with an
+interval for the fixed query set (``uncertainty``); ``evt_support`` the
+paper's plug-in GPD with the shape bound following the score support (ξ ≤ 0
+for scores in [−1, 1], ξ ≤ 0.5 otherwise); ``tail`` the tail-aware
 estimator with GPD parameter uncertainty and the predictive rank law
 (``bayes``); ``evt`` the paper's plug-in GPD; ``count`` and ``sample`` its
 counting and naive baselines; ``single_x``, ``powerlaw`` and ``loguniform`` its

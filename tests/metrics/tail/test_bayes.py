@@ -52,7 +52,9 @@ def test_full_population_sampled_gives_exact_ap(estimator):
     pos, neg = small_world(1)
     Q, S = neg.shape
     k = 60
-    est = predict_map(pos, neg, gallery_size=S, k=k, estimator=estimator, n_boot=20)
+    est = predict_map(
+        pos, neg, gallery_size=S, k=k, estimator=estimator, n_boot=20, score_range=None
+    )
     ref = []
     for q in range(Q):
         p = [float(v) for v in pos[q] if not math.isnan(v)]
