@@ -188,13 +188,17 @@ class PooledTail(PosteriorTail):
     cost = "one posterior per query on a 61-point ξ grid"
     fixed_query_interval = True
 
-    def settings(self, predictor, level: int, factor: float = 1.0):
-        """The ``tail`` settings of nested level ``level`` (``factor`` scales the exceedances)."""
+    def settings(self, predictor, level: int, factor: float = 1.0, coarse: bool = False):
+        """The ``tail`` settings of nested level ``level`` (``factor`` scales the exceedances;
+        ``coarse``: a 21-point ξ grid, for the interval's replicates and refits)."""
         n = pooled_excesses(predictor.level_size(level), predictor.config, factor)
+        grid = {"n_xi": COARSE_XI} if coarse else {}
         # The shape's support follows the declared range: ξ ≤ 0 for scores bounded above.
         rng = predictor.config.score_range
         xi_max = 0.0 if rng is not None and math.isfinite(rng[1]) else predictor.bayes.xi_max
-        return dataclasses.replace(predictor.bayes, n_excess=n, bias_replicates=0, xi_max=xi_max)
+        return dataclasses.replace(
+            predictor.bayes, n_excess=n, bias_replicates=0, xi_max=xi_max, **grid
+        )
 
     def kept_depth(self, config):
         # The threshold refits reach twice its own exceedances.
@@ -202,9 +206,9 @@ class PooledTail(PosteriorTail):
             super().kept_depth(config), int(4 * POOLED_FACTOR * sample_excesses(10**12, config)) + 1
         )
 
-    def hardness(self, predictor, level, weight):
+    def hardness(self, predictor, level, weight, factor=1.0, coarse=False):
         predictor.clip_to_declared_range()
-        bayes = self.settings(predictor, level)
+        bayes = self.settings(predictor, level, factor, coarse)
         counts, post = predictor.tail_fit(level, weight, bayes)
         _, n = predictor.level(level)
         _, x = tail_expected_ap(
@@ -212,13 +216,15 @@ class PooledTail(PosteriorTail):
         )
         return x, counts, post
 
-    def per_query(self, predictor, gallery_size, rank_law, level, weight, bayes, factor=1.0):
+    def per_query(
+        self, predictor, gallery_size, rank_law, level, weight, bayes, factor=1.0, coarse=False
+    ):
         predictor.clip_to_declared_range()
         if rank_law != PREDICTIVE:
             return HardnessEstimator.per_query(
                 self, predictor, gallery_size, rank_law, level, weight, bayes
             )
-        own = self.settings(predictor, level, factor)
+        own = self.settings(predictor, level, factor, coarse)
         terms = predictor.tail_terms(gallery_size, level, weight, own)
         return ap_from_precision_terms(terms, predictor.valid, predictor.k)
 
@@ -229,6 +235,8 @@ class PooledTail(PosteriorTail):
         return None
 
 
+#: ξ grid points of ``tail_pooled``'s interval replicates and refits (the prediction: 61).
+COARSE_XI = 21
 #: ``tail_pooled``'s exceedances, relative to the sample-size rule of ``evt_support``.
 POOLED_FACTOR = 1.0
 

@@ -10,9 +10,11 @@ kept as ``TailEstimate.ci_over_queries``.
 - **Sample noise**: ``REPLICATES`` predictions on the distractor sample
   resampled (Poisson(1) multiplicities; with a keyed state one multiplicity per
   distractor, shared by every query it scores high for), the queries fixed:
-  their standard deviation.
+  their standard deviation. The replicates and refits use a cheap proxy of the
+  prediction: its posterior-mean hardness on a 21-point ξ grid through the
+  plug-in ranks (the spread, not the level, is what they measure).
 - **Threshold**: the prediction refitted at half and twice its exceedances;
-  the larger move.
+  the larger move from the refit at its own (on the same proxy).
 - The interval is ``map ± z · INFLATION · sqrt(sd_sample² + move²)``.
   ``INFLATION`` accounts for what neither measures (the tail's shape far past
   the sample, the pool's own realization) and was set on design families of
@@ -38,6 +40,7 @@ from rl_gap.metrics.tail.diagnostics import (
     bump_bound,
     tail_outlier_share,
 )
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
 from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
 if TYPE_CHECKING:
@@ -75,24 +78,28 @@ def sample_replicates(
             weight = torch.poisson(finite, generator=gen)
         else:  # one multiplicity per distractor, shared by every query
             weight = poisson_multiplicities(keys, 1000 + b, predictor.seed) * finite
-        pq = estimator.per_query(predictor, gallery_size, rank_law, -1, weight, None)
-        out.append(pq[rows].mean())
+        out.append(_plugin_map(predictor, estimator, gallery_size, weight, 1.0))
     return torch.stack(out).to(torch.float64)
 
 
 def threshold_moves(
     predictor: TailPredictor, estimator: Estimator, gallery_size: int, rank_law: str
 ) -> dict[float, float]:
-    """{factor: mAP@k refitted at factor × the estimator's exceedances} (THRESHOLD_FACTORS)."""
-    rows = predictor.query_ok
+    """{factor: mAP@k refitted at factor × the estimator's exceedances}, for 1 and each of
+    THRESHOLD_FACTORS (all on the estimator's coarse settings, so their moves compare)."""
     return {
-        f: float(
-            estimator.per_query(predictor, gallery_size, rank_law, -1, None, None, factor=f)[
-                rows
-            ].mean()
-        )
-        for f in THRESHOLD_FACTORS
+        f: float(_plugin_map(predictor, estimator, gallery_size, None, f))
+        for f in (1.0, *THRESHOLD_FACTORS)
     }
+
+
+def _plugin_map(predictor, estimator, gallery_size: int, weight, factor: float) -> torch.Tensor:
+    """mAP@k of the estimator's posterior-mean hardness through the plug-in ranks, on its
+    coarse settings: the cheap proxy whose spread over resamples and thresholds the
+    interval measures (the predictive law sums a negative binomial per positive up to k)."""
+    x, _, _ = estimator.hardness(predictor, -1, weight, factor=factor, coarse=True)
+    ap = ap_at_k_from_hardness(predictor.j, predictor.valid, x, gallery_size, predictor.k, "plugin")
+    return ap[predictor.query_ok].mean()
 
 
 def fixed_query_uncertainty(
@@ -110,7 +117,7 @@ def fixed_query_uncertainty(
     reps = sample_replicates(predictor, estimator, gallery_size, rank_law, replicates)
     sample_sd = float(reps.std()) if reps.numel() > 1 else 0.0
     maps = threshold_moves(predictor, estimator, gallery_size, rank_law)
-    move = max(abs(v - estimate) for v in maps.values())
+    move = max(abs(v - maps[1.0]) for v in maps.values())
     z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     half = z * inflation * math.sqrt(sample_sd**2 + move**2)
     return {
