@@ -52,11 +52,11 @@ REPLICATES = 12
 #: Exceedance factors of the threshold refits (half and twice the estimator's own).
 THRESHOLD_FACTORS = (0.5, 2.0)
 #: Widening of the measured spread to what the prediction errs by (design families).
-INFLATION = 1.15
+INFLATION = 1.30
 #: The error a flag warns about ("may be off by more than X").
 FLAG_ERROR = 0.03
 #: Flag when the interval's half-width exceeds this (design families).
-FLAG_HALF_WIDTH = 0.0925
+FLAG_HALF_WIDTH = 0.13
 
 
 def sample_replicates(
