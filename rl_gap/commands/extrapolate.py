@@ -19,8 +19,12 @@ estimators with 95% query-bootstrap intervals, the interval widened by the
 threshold spread and the sufficient-budget check; flags listed below it), with a
 progress bar per stage on stderr; ``--json PATH`` also writes the results there
 (nothing is written without it), and ``--plot`` draws predicted mAP@k against
-gallery size (after the JSON is written). ``--similarity`` (cosine by default)
-declares the score range the default estimator bounds its tail by.
+gallery size (after the JSON is written). The score range the default
+estimator bounds its tail by comes from the embeddings: ``--similarity auto``
+(the default) measures every query, positive and distractor norm and reads the
+scores as cosine ([−1, 1]) when all are unit (within 1%, or ``--l2-normalize``),
+as unbounded inner products otherwise; ``--similarity cosine`` on embeddings
+that are not unit-norm is refused.
 """
 
 from __future__ import annotations
@@ -98,9 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--similarity",
-        default="cosine",
-        choices=tuple(SIMILARITY_RANGES),
-        help="the scores' similarity: cosine is bounded in [-1, 1], dot is unbounded",
+        default="auto",
+        choices=("auto", *SIMILARITY_RANGES),
+        help="the scores' similarity: auto measures the embedding norms (all unit: cosine, "
+        "bounded in [-1, 1]; else dot, unbounded)",
     )
     add(
         "--score-range",
@@ -162,8 +167,46 @@ def _check_options(args, estimators: list[str]) -> None:
             raise ValueError(f"{option} must be >= {minimum}, got {value}")
 
 
-def _score_range(args) -> tuple[float, float] | None:
+#: Embeddings whose norms all lie within this share of 1 are unit-normalised (float16
+#: storage of unit vectors rounds norms by ~1e-3).
+UNIT_NORM_TOLERANCE = 0.01
+
+
+class NormRange:
+    """The smallest and largest row norm seen so far (embeddings measured as they are read)."""
+
+    def __init__(self) -> None:
+        self.low, self.high = float("inf"), 0.0
+
+    def add(self, rows: torch.Tensor) -> torch.Tensor:
+        if rows.numel():
+            norms = rows.to(torch.float64).norm(dim=1)
+            self.low = min(self.low, float(norms.min()))
+            self.high = max(self.high, float(norms.max()))
+        return rows
+
+    @property
+    def unit(self) -> bool:
+        return abs(self.low - 1.0) <= UNIT_NORM_TOLERANCE and abs(self.high - 1.0) <= UNIT_NORM_TOLERANCE
+
+
+def _score_range(args, norms: NormRange | None = None) -> tuple[float, float] | None:
+    """The declared range (``--score-range``, ``--similarity``), or the measured one (auto).
+
+    ``norms`` are those of every embedding scored (after ``--l2-normalize``); None
+    before they are measured, when only an explicit declaration is checked.
+    """
     if args.score_range is None:
+        if args.similarity == "auto":
+            if norms is None:
+                return None
+            return resolve_score_range("cosine" if norms.unit else "dot")
+        if args.similarity == "cosine" and norms is not None and not norms.unit:
+            raise ValueError(
+                f"--similarity cosine, but the embedding norms lie in [{norms.low:.4g}, "
+                f"{norms.high:.4g}], not 1: pass --l2-normalize for cosine scores, or "
+                "--similarity dot (or auto) for inner products"
+            )
         return resolve_score_range(args.similarity)
     try:
         pair = tuple(float(v) for v in args.score_range.split(","))
@@ -215,21 +258,26 @@ def _positives(args, queries, positives, k: int, progress: Progress) -> torch.Te
 def run(args: argparse.Namespace) -> int:
     estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
     _check_options(args, estimators)
-    score_range = _score_range(args)
+    _score_range(args)  # a malformed --score-range is refused before any scoring
     if args.plot:
         check_plot_path(args.plot)
     queries_raw, positives_raw, distractors = _load_embeddings(args)
-    prep = _embedding_reader(args.l2_normalize)
+    norms = NormRange()
+    prep = _embedding_reader(args.l2_normalize, norms)
     queries, positives = prep(queries_raw), prep(positives_raw)
     k = _capped_k(args.k, args.gallery_size + positives.shape[0])
     progress = Progress(not args.no_progress)
     try:
         pos = _positives(args, queries, positives, k, progress)
-        config = TailConfig(score_range=score_range)
+        config = TailConfig()
         state = _score_sample(args, estimators, queries, distractors, k, config, prep, progress)
+        # Every embedding has been read (distractors block by block): the range is known.
+        score_range = _score_range(args, norms)
+        config = TailConfig(score_range=score_range)
         bayes = BayesTailConfig(bias_replicates=args.bias_replicates)
         predictor = tail_predictor(pos, state, k, config=config, seed=args.seed, bayes=bayes)
         out = _estimate_all(args, estimators, predictor, score_range, progress)
+        out["embedding_norms"] = [norms.low, norms.high]
         emit(out, args.format)
         from rl_gap.training.wandb_mode import log_command_result
 
@@ -259,14 +307,16 @@ def _load_embeddings(args):
     return queries, positives, distractors
 
 
-def _embedding_reader(l2_normalize: bool):
-    """``prep(x)``: a float32 tensor copy of rows ``x``, finite, L2-normalised if asked."""
+def _embedding_reader(l2_normalize: bool, norms: NormRange | None = None):
+    """``prep(x)``: a float32 tensor copy of rows ``x``, finite, L2-normalised if asked;
+    its row norms are added to ``norms``."""
 
     def prep(x) -> torch.Tensor:
         t = torch.tensor(np.asarray(x), dtype=torch.float32)  # copy: memory maps are read-only
         if not bool(torch.isfinite(t).all()):
             raise ValueError("embeddings contain NaN or ±inf")
-        return torch.nn.functional.normalize(t, dim=1) if l2_normalize else t
+        t = torch.nn.functional.normalize(t, dim=1) if l2_normalize else t
+        return t if norms is None else norms.add(t)
 
     return prep
 
@@ -296,7 +346,8 @@ def _score_sample(args, estimators, queries, distractors, k, config, prep, progr
     # keyed by row, the nested bootstrap resamples distractors jointly across queries.
     state = new_state(
         queries.shape[0], k, config, estimators=estimators, sample_size=S,
-        keyed=args.nested_boot > 0,
+        keyed=args.nested_boot > 0
+        or (args.n_boot > 0 and any(get_estimator(e).fixed_query_interval for e in estimators)),
     )  # fmt: skip
     update = progress.stage("scoring distractors", S)
 

@@ -72,8 +72,8 @@ def test_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["extrapolate", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    assert "(default: 1000)" in text and "(default: evt_support)" in text
-    assert "(default: cosine)" in text
+    assert "(default: 1000)" in text and "(default: tail_pooled)" in text
+    assert "(default: auto)" in text
 
 
 def test_k_beyond_the_gallery_is_capped_not_allocated(tmp_path, capsys):

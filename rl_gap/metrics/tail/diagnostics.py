@@ -80,6 +80,12 @@ class Diagnostics:
         # A bump above the tail: down to the mAP if every query had it.
         return (lo if self.bump_bound is None else min(lo, self.bump_bound), hi)
 
+    def widen_to_bump(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
+        """``ci`` extended down to ``bump_bound`` when set."""
+        if ci is None or self.bump_bound is None:
+            return ci
+        return (min(ci[0], self.bump_bound), ci[1])
+
     def as_dict(self) -> dict:
         return {
             "flags": list(self.flags),

@@ -104,7 +104,9 @@ def predict_map(
             order: the nested sub-samples are prefixes of a seeded permutation).
         gallery_size: N, the number of distractors to predict for (≥ S).
         k: AP cut-off (≥ 1).
-        estimator: "evt_support" (default: the paper's plug-in GPD, ξ bound
+        estimator: "tail_pooled" (default: the GPD shape's posterior pooled across
+            queries; ``ci`` is then the interval for these queries and the flags say
+            by how much it may be off), "evt_support" (plug-in GPD, ξ bound
             following the score support), "tail" (GPD with parameter uncertainty,
             predictive E[AP@k]), "evt" (the paper's plug-in GPD), "count",
             "sample", or the baselines "single_x", "powerlaw", "loguniform".
@@ -120,7 +122,9 @@ def predict_map(
         seed: bootstrap seed, and the seed of the column permutation.
         bayes: settings of the ``tail`` estimator.
         score_range: the declared range of the similarity: "cosine" (default,
-            [−1, 1]), "dot" or None (unbounded inner products), or a (low, high)
+            [−1, 1]: only for cosine similarities of unit-normalised embeddings),
+            "dot" or None (inner products of any other embeddings, even when
+            their values lie in [−1, 1]), or a (low, high)
             pair (e.g. the range mapped with the scores). ``evt_support`` bounds
             the tail shape by it (replaces ``config.score_range``); scores past it by
             rounding are clipped, further out refused. Never guessed from the data.
@@ -152,8 +156,9 @@ def predict_map(
         nested_boot, budget,
     )  # fmt: skip
     config = with_score_range(config, score_range)
-    state = state_from_scores(
-        sample_scores, state_capacity(k, config), keyed=nested_boot > 0, seed=seed
-    )
+    # Keyed columns: a resampled distractor moves every query it scores for (the joint
+    # bootstrap, and the default's fixed-query interval).
+    keyed = nested_boot > 0 or (n_boot > 0 and request.estimator.fixed_query_interval)
+    state = state_from_scores(sample_scores, state_capacity(k, config), keyed=keyed, seed=seed)
     predictor = tail_predictor(pos_scores, state, k, config=config, seed=seed, bayes=bayes)
     return predictor.run(request)

@@ -55,8 +55,9 @@ class TailExtrapolatedMAP(Metric):
     Args:
         gallery_size: N, the gallery size to predict for.
         k: AP cut-off.
-        estimator: "evt_support" (default: plug-in GPD, ξ bound following the
-            score support), "tail" (tail-aware with parameter uncertainty),
+        estimator: "tail_pooled" (default: the GPD shape's posterior pooled
+            across queries, ``ci`` for these queries), "evt_support" (plug-in GPD,
+            ξ bound following the score support), "tail" (tail-aware with parameter uncertainty),
             "evt" (plug-in GPD), "count", "sample", or a baseline
             ("single_x", "powerlaw", "loguniform").
         rank_law: None (the estimator's own), "plugin" (expected ranks) or

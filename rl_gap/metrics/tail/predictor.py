@@ -19,7 +19,13 @@ from rl_gap.metrics.tail.bayes import (
     gpd_posterior,
 )
 from rl_gap.metrics.tail.diagnostics import diagnose as diagnose_prediction
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, TailFit, sample_counts
+from rl_gap.metrics.tail.hardness import (
+    DEFAULT_CONFIG,
+    TailConfig,
+    TailFit,
+    clip_to_range,
+    sample_counts,
+)
 from rl_gap.metrics.tail.inputs import EstimateRequest, check_predictor_inputs, resolve_request
 from rl_gap.metrics.tail.intervals import joint_bootstrap
 from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
@@ -28,6 +34,7 @@ from rl_gap.metrics.tail.registry import get_estimator, resolve_rank_law
 from rl_gap.metrics.tail.results import TailEstimate
 from rl_gap.metrics.tail.rows import RowView, concat_rows, fill_rows, row_slices
 from rl_gap.metrics.tail.sampling import NestedTopK
+from rl_gap.metrics.tail.uncertainty import error_flags, fixed_query_uncertainty
 from rl_gap.metrics.tail.sub_samples import (
     budget_check,
     measured_on_sub_samples,
@@ -82,11 +89,23 @@ class TailPredictor:
         self._levels: dict[int, tuple[torch.Tensor, int]] = {}
         self._level_keys: dict[int, torch.Tensor | None] = {}
         self._tail_fits: dict[tuple, tuple[torch.Tensor, GPDPosterior]] = {}
-        self._tail_terms: dict[tuple[int, int], torch.Tensor] = {}
+        self._tail_terms: dict[tuple[int, int, BayesTailConfig], torch.Tensor] = {}
         self._hardness: dict[
             tuple[str, int], tuple[torch.Tensor, torch.Tensor, TailFit | GPDPosterior | None]
         ] = {}
         self._memo: dict[str, object] = {}
+        self._range_clipped = False
+
+    def clip_to_declared_range(self) -> None:
+        """Clip the positives and the kept sample to ``config.score_range`` (rounding overshoot),
+        refusing scores further out; once (estimators that bound the tail by the range call it)."""
+        if self._range_clipped or self.config.score_range is None:
+            return
+        rng = self.config.score_range
+        self.pos_sorted = clip_to_range(self.pos_sorted, rng, "positive scores")
+        self.state.top.copy_(clip_to_range(self.state.top, rng, "sampled distractor scores"))
+        self._levels.clear()  # rebuilt from the clipped state
+        self._range_clipped = True
 
     @property
     def n_queries_valid(self) -> int:
@@ -187,8 +206,8 @@ class TailPredictor:
         call cost ~7 plain fits, and ``estimate`` and a per-positive split
         both need it.
         """
-        key = (level % len(self.state.fractions), int(gallery_size))
-        cache = weight is None and (bayes is None or bayes == self.bayes)
+        key = (level % len(self.state.fractions), int(gallery_size), bayes or self.bayes)
+        cache = weight is None
         if cache and key in self._tail_terms:
             return self._tail_terms[key]
         # The posterior, like the bias correction, follows ``bayes`` (n_excess, ξ grid, prior).
@@ -294,6 +313,13 @@ class TailPredictor:
         per_query = self.per_query(request.name, request.gallery_size, request.rank_law)
         stage("interval")
         est = self._point_estimate(request, per_query)
+        if request.n_boot > 0 and request.estimator.fixed_query_interval:
+            # ``ci`` is for these queries; the query bootstrap keeps its own name.
+            parts = fixed_query_uncertainty(
+                self, request.estimator, request.gallery_size, request.rank_law, est.map,
+                request.confidence,
+            )  # fmt: skip
+            est.ci, est.uncertainty = parts["ci"], parts
         stage("joint bootstrap")
         if request.nested_boot > 0 and request.estimator.joint_bootstrap:
             est.nested_ci, est.sample_noise_sd = joint_bootstrap(
@@ -334,6 +360,7 @@ class TailPredictor:
         est = TailEstimate(
             map=mean,
             ci=ci,
+            ci_over_queries=ci,
             per_query=per_query,
             estimator=request.name,
             rank_law="realized" if est_obj.realized else request.rank_law,
@@ -351,6 +378,13 @@ class TailPredictor:
 
     def _check(self, request: EstimateRequest, est: TailEstimate) -> None:
         """Fill ``flags``, ``ci_total`` and ``diagnostics`` with the checks the estimator names."""
+        if request.estimator.fixed_query_interval:
+            if est.uncertainty is None:  # no interval asked for (n_boot = 0): no flags
+                return
+            diag = error_flags(self, request.gallery_size, est.uncertainty)
+            est.diagnostics, est.flags = diag, list(diag.flags)
+            est.ci_total = diag.widen_to_bump(est.ci)
+            return
         checked = request.estimator.checked_as(request.rank_law)
         if checked is None:
             return

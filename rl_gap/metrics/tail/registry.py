@@ -31,7 +31,7 @@ THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
 #: The rank law of the ``tail`` estimator: its own posterior-predictive E[AP@k].
 PREDICTIVE = "predictive"
 #: ``estimator=`` when none is named (chosen on held-out worlds, docs/tail_validation.md).
-DEFAULT_ESTIMATOR = "evt_support"
+DEFAULT_ESTIMATOR = "tail_pooled"
 
 
 class Estimator(abc.ABC):
@@ -48,6 +48,11 @@ class Estimator(abc.ABC):
         rank_laws: the ``rank_law=`` values it accepts; ``own_rank_law`` is ``None``'s.
         separable_rows: each query's values depend on its own rows alone, so they
             may be computed a block of queries at a time (``rows``).
+        fixed_query_interval: ``ci`` is the interval for the fixed query set
+            (distractor sample resampled, threshold refitted: ``uncertainty``) and
+            its flags say by how much it may be off; ``per_query`` then takes a
+            ``factor`` keyword scaling its exceedances. Otherwise ``ci`` is the
+            interval over queries.
     """
 
     name: str = ""
@@ -59,6 +64,7 @@ class Estimator(abc.ABC):
     rank_laws: tuple[str, ...] = RANK_LAWS
     own_rank_law: str = "plugin"
     separable_rows: bool = False
+    fixed_query_interval: bool = False
 
     def kept_depth(self, config: TailConfig) -> int:
         """Top scores per query this estimator and its checks read (the state's depth).

@@ -16,8 +16,16 @@ class TailEstimate:
 
     Attributes:
         map: predicted mAP@k (mean over queries with ≥ 1 positive).
-        ci: 95% (``confidence``) percentile interval, bootstrap over queries;
+        ci: 95% (``confidence``) interval. For the default estimator
+            (``tail_pooled``) it is the interval for these queries: the
+            distractor sample resampled and the tail threshold refitted
+            (``uncertainty``). For the others it is ``ci_over_queries``.
             None when asked for no interval (``n_boot=0``).
+        ci_over_queries: 95% percentile interval of a bootstrap over queries
+            (per-query AP@k fixed): how much another query set of the same kind
+            would move the prediction, not how far it is from these queries' truth.
+        uncertainty: the default's fixed-query interval parts ("half_width",
+            "sample_sd", "threshold_move", "threshold_maps"); None otherwise.
         per_query: (Q,) float64 per-query AP@k, NaN for excluded queries
             (all NaN for the curve fits, which predict only the mean).
         estimator, rank_law, gallery_size, k, sample_size: what was predicted.
@@ -61,6 +69,8 @@ class TailEstimate:
     flags: list[str] = field(default_factory=list)
     ci_total: tuple[float, float] | None = None
     diagnostics: object | None = None
+    ci_over_queries: tuple[float, float] | None = None
+    uncertainty: dict | None = None
 
     @property
     def supported(self) -> bool:
@@ -74,6 +84,7 @@ class TailEstimate:
             "rank_law": self.rank_law,
             "map": self.map,
             "ci": None if self.ci is None else list(self.ci),
+            "ci_over_queries": None if self.ci_over_queries is None else list(self.ci_over_queries),
             "gallery_size": self.gallery_size,
             "k": self.k,
             "sample_size": self.sample_size,
@@ -82,6 +93,12 @@ class TailEstimate:
         }
         if self.tail_ok is not None:
             out["n_tail_fallback"] = int((~self.tail_ok).sum())
+        if self.uncertainty is not None:
+            out["uncertainty"] = {
+                "half_width": self.uncertainty["half_width"],
+                "sample_sd": self.uncertainty["sample_sd"],
+                "threshold_move": self.uncertainty["threshold_move"],
+            }
         if self.nested_ci is not None:
             out["nested_ci"] = list(self.nested_ci)
             out["sample_noise_sd"] = self.sample_noise_sd

@@ -84,7 +84,7 @@ def measured_on_sub_samples(
         if n == 0:
             continue
         pq = predictor.per_query("sample", n, level=i)
-        lo, hi = bootstrap_ci(pq, n_boot, confidence, predictor.generator())
+        ci = bootstrap_ci(pq, n_boot, confidence, predictor.generator())  # None at n_boot=0
         mean = float(pq[predictor.query_ok].mean())
-        out.append({"fraction": f, "sample_size": n, "map": mean, "ci": [lo, hi]})
+        out.append({"fraction": f, "sample_size": n, "map": mean, "ci": ci and list(ci)})
     return out

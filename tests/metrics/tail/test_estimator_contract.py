@@ -13,10 +13,12 @@ import warnings
 
 import numpy as np
 import pytest
+
 import torch
 
 from rl_gap.metrics.tail import available_estimators, get_estimator, predict_map
 from rl_gap.metrics.tail.bayes import BayesTailConfig
+from rl_gap.metrics.tail.registry import DEFAULT_ESTIMATOR
 
 Q, S, N, K = 24, 2_000, 40_000, 100
 
@@ -67,8 +69,8 @@ def predict(world, name, pos=None, sample=None, **kwargs):
 
 def test_the_registry_names_every_estimator_once_with_the_default_among_them():
     names = available_estimators()
-    assert len(set(names)) == len(names) == 8
-    assert "evt_support" in names
+    assert len(set(names)) == len(names) == 9
+    assert DEFAULT_ESTIMATOR == "tail_pooled" and DEFAULT_ESTIMATOR in names
     for name in names:
         est = get_estimator(name)
         assert est.name == name and est.summary and est.cost

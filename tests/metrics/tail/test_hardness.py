@@ -66,8 +66,11 @@ def test_rounding_overshoot_past_one_does_not_move_the_prediction():
     pos_over[5:8, 0] = 1.0 + 2.0**-8  # bfloat16's step above 1
     rounded = predict_map(pos_over, over, 80_000, k=100, n_boot=50)
     assert abs(rounded.map - exact.map) <= 1e-9
-    # The cosine bound holds whatever the data: ξ ≤ 0 for every query.
-    assert float(rounded.fit.xi[rounded.fit.ok].max()) <= 0.0
+    # The cosine bound holds whatever the data: the default's posterior puts ξ ≤ 0 only,
+    # and evt_support fits ξ ≤ 0 for every query.
+    assert rounded.estimator == "tail_pooled" and float(rounded.fit.xi.max()) <= 0.0
+    support = predict_map(pos_over, over, 80_000, k=100, n_boot=0, estimator="evt_support")
+    assert float(support.fit.xi[support.fit.ok].max()) <= 0.0
 
 
 def test_scores_outside_the_declared_range_are_refused():

@@ -19,15 +19,16 @@ from rl_gap.metrics.tail.registry import resolve_rank_law
 def test_old_name_tuples_are_the_registry_in_order():
     assert ESTIMATORS == available_estimators() == (
         "tail", "evt", "evt_support", "count", "sample", "single_x", "powerlaw", "loguniform",
+        "tail_pooled",
     )  # fmt: skip
-    assert HARDNESS_ESTIMATORS == ("tail", "evt", "evt_support", "count")
+    assert HARDNESS_ESTIMATORS == ("tail", "evt", "evt_support", "count", "tail_pooled")
 
 
 def test_rank_law_is_the_estimators_own_and_predictive_only_for_tail():
     assert resolve_rank_law("tail", None) == "predictive"
     assert resolve_rank_law("evt", None) == "plugin"
     assert resolve_rank_law("count", "poisson") == "poisson"
-    with pytest.raises(ValueError, match="'predictive' is the tail estimator's, not 'evt'"):
+    with pytest.raises(ValueError, match="'predictive' is the tail, tail_pooled estimator's, not 'evt'"):
         resolve_rank_law("evt", "predictive")
     with pytest.raises(ValueError, match="unknown rank_law 'nope'"):
         resolve_rank_law("evt", "nope")

@@ -73,7 +73,7 @@ def _bump_world(Q=80, S=10_000, m=3, seed=0):
 
 def test_a_bump_above_the_tail_is_flagged_and_bounds_ci_total():
     pos, sample, copies = _bump_world()
-    est = predict_map(pos, sample, 200_000, k=100, n_boot=200)
+    est = predict_map(pos, sample, 200_000, k=100, n_boot=200, estimator="evt_support")
     assert any(f.startswith("bump above the tail") for f in est.flags)
     diag = est.diagnostics
     assert diag.outlier_share == pytest.approx(float(copies.double().mean()), abs=0.02)
@@ -84,7 +84,7 @@ def test_a_bump_above_the_tail_is_flagged_and_bounds_ci_total():
     ap = ((j / rank) * (rank <= 100)).sum(1) / 3
     assert diag.bump_bound == pytest.approx(float(ap.mean()), abs=1e-9)
     assert est.ci_total[0] <= diag.bump_bound < est.map
-    clean = predict_map(pos, sample[:, 1:], 200_000, k=100, n_boot=200)
+    clean = predict_map(pos, sample[:, 1:], 200_000, k=100, n_boot=200, estimator="evt_support")
     assert not any(f.startswith("bump") for f in clean.flags)
     assert clean.diagnostics.bump_bound is None
 
@@ -93,7 +93,9 @@ def test_threshold_flag_fires_exactly_when_a_refit_moves_past_the_query_noise():
     pos, sample, _ = _bump_world(seed=1)
     assert sample_excesses(2_000) == 10  # the fit's minimum, not round(8.9)
     for S in (2_000, 9_000):
-        est = predict_map(pos, sample[:, 1 : S + 1], 100 * S, k=100, n_boot=200)
+        est = predict_map(
+            pos, sample[:, 1 : S + 1], 100 * S, k=100, n_boot=200, estimator="evt_support"
+        )
         diag = est.diagnostics
         n = sample_excesses(S)
         assert sorted(diag.threshold_maps) == sorted({max(10, n // 2), max(10, n), 2 * n})
