@@ -8,11 +8,11 @@ of that process's gradient. Loss parameters (InfoNCE's scale, SigLIP's scale
 and bias) get per-rank gradients that sum over ranks to the single-process
 gradient.
 
-A loss takes part by defining, in its own class, ``forward_sharded(sim_rows,
-rel_rows, valid_rows)`` (the inputs already checked on every rank, ``valid``
-filled in) and, where some settings cannot be sharded,
-``sharding_unsupported() -> str | None``; its ``forward`` hands
-``sharded=True`` to :func:`sharded_forward`. The per-row partial sums most
+A loss takes part through ``forward_sharded(sim_rows, rel_rows, valid_rows)`` (the
+inputs already checked on every rank, ``valid`` filled in) and, where some settings
+cannot be sharded, ``sharding_unsupported() -> str | None``; its ``forward`` hands
+``sharded=True`` to :func:`sharded_forward`. A :class:`rl_gap.losses.base.RankingLoss`
+has all three from its template and writes only ``_loss_sharded``. The per-row partial sums most
 losses need are in :mod:`rl_gap.losses.sharding.rows`.
 """
 
