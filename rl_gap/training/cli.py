@@ -302,7 +302,10 @@ class RLGapCLI(LightningCLI):
                 wandb_run = self._wandb_run(root, s["wandb_group"])
                 wandb_id = wandb_run.id
             config["logger"] = default_loggers(
-                root, readable_run_name(s["config"], cfg_seed(self.config), run.changed, self.subcommand),
+                root,
+                readable_run_name(
+                    s["config"], cfg_seed(self.config), run.changed, self.subcommand, folder=root
+                ),
                 s["wandb"], s["wandb_project"],
                 wandb_run=wandb_run, entity=s["wandb_entity"], tags=s["wandb_tags"],
                 config=run.full,

@@ -14,6 +14,7 @@ to runs of their own in the training run's group (:func:`wandb_run_for`,
 
 from __future__ import annotations
 
+import re
 import secrets
 import sys
 from collections.abc import Mapping
@@ -131,6 +132,7 @@ def readable_run_name(
     changed: Mapping[str, Any] | None,
     subcommand: str | None = None,
     limit: int = 120,
+    folder: Path | None = None,
 ) -> str:
     """``sop_gsap seed0 lr=0.001 loss.name=msap``: the recipe's name, the seed and the keys
     the command line changed (``model.init_args.``, ``data.init_args.``, ``trainer.`` dropped), then
@@ -145,6 +147,9 @@ def readable_run_name(
             words.append(f"+{len(pairs) - i} more")
             break
         words.append(pair)
+    version = re.search(r"-v(\d+)$", folder.name) if folder is not None else None
+    if version:  # a fresh fit beside a saved run of the same configuration
+        words.append(f"v{version.group(1)}")
     name = " ".join(words)
     return name if subcommand in (None, "fit") else f"{name}:{subcommand}"
 

@@ -80,7 +80,11 @@ def test_fit_refit_resume_predict_wandb_runs(run_dir, capsys):
     assert pred["config"]["eval.training_run_id"] == second_id
     assert pred["config"]["eval.ckpt_path"] == str(ckpt)
     fits = [r for r in runs if r["id"] == first_id]
-    assert fits[0]["name"] == f"{root.parent.parent.name}/{root.parent.name}/{root.name}"
+    # the recipe, the seed and the keys the command line changed; a second version says so
+    assert fits[0]["name"].startswith(f"{root.parent.name} seed0 backbone_kwargs.width=8 ")
+    assert not fits[0]["name"].endswith("v2")
+    refit = [r for r in runs if r["id"] == second_id]
+    assert all(r["name"].endswith(" v2") for r in refit)
     # counts are summary values, not charted metrics
     history_keys = {k for r in runs for row in r["history"] for k in row}
     assert "val/gap" in history_keys and "val/num_pairs" not in history_keys

@@ -79,6 +79,8 @@ def test_readable_run_name():
     name = readable_run_name(["recipes/metric_learning/sop_gsap.yaml"], 0, changed)
     assert name == "sop_gsap seed0 loss.name=msap lr=0.002 max_epochs=3"
     assert readable_run_name(["a/b.yaml"], 1, {}, "test") == "b seed1:test"
+    again = readable_run_name(["a/b.yaml"], 0, {}, folder=Path("runs/a/b/seed0-v3"))
+    assert again == "b seed0 v3"
     many = {f"k{i}": i for i in range(40)}
     cut = readable_run_name(["a/b.yaml"], 0, many, limit=40)
     assert len(cut) <= 50 and cut.endswith("more")
