@@ -67,24 +67,26 @@ def continuable(keys: list[str]) -> bool:
     return all(k in CONTINUABLE_KEYS for k in keys)
 
 
-def resumable_files(version: Path) -> list[Path]:
-    """The checkpoints a version holds: ``checkpoints/*.ckpt`` and ``hpc_ckpt_<n>.ckpt``."""
-    files = sorted((version / "checkpoints").glob("*.ckpt")) if version.is_dir() else []
-    if version.is_dir():
-        files += sorted(p for p in version.glob("hpc_ckpt_*.ckpt") if _HPC.fullmatch(p.name))
-    return [p for p in files if p.is_file()]
-
-
-def newest_in_version(version: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest readable checkpoint of one version (``last``/``hpc`` first), else None."""
-    found = newest_readable_checkpoint(version / "checkpoints", extra=_hpc_files(version))
-    return found
-
-
 def _hpc_files(version: Path) -> list[Path]:
     if not version.is_dir():
         return []
     return [p for p in version.glob("hpc_ckpt_*.ckpt") if _HPC.fullmatch(p.name) and p.is_file()]
+
+
+def resumable_files(version: Path) -> list[Path]:
+    """The checkpoints a version holds: ``checkpoints/*.ckpt`` and ``hpc_ckpt_<n>.ckpt``."""
+    folder = version / "checkpoints"
+    files = sorted(p for p in folder.glob("*.ckpt") if p.is_file()) if folder.is_dir() else []
+    return files + sorted(_hpc_files(version))
+
+
+def newest_in_version(version: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest readable checkpoint of one version (``last``/``hpc`` first), else None.
+
+    Raises:
+        ResumeRefused: it holds checkpoints but none can be read.
+    """
+    return newest_readable_checkpoint(version / "checkpoints", extra=_hpc_files(version))
 
 
 def owning_run(ckpt_path: str) -> Path | None:
@@ -155,7 +157,10 @@ def _newest_of_run(base: Path) -> tuple[Path, Path, dict[str, Any]] | None:
 def _candidates(base: Path, current: dict[str, Any]) -> list[Candidate]:
     found = []
     for other in _sibling_bases(base):
-        newest = _newest_of_run(other)
+        try:
+            newest = _newest_of_run(other)
+        except ResumeRefused:  # another run's damaged files are not this command's problem
+            continue
         if newest is None:
             continue
         version, path, ckpt = newest
