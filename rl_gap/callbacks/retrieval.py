@@ -19,6 +19,7 @@ histogram of per-query optimal thresholds against the shared threshold
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,8 @@ class RetrievalEvaluation(Callback):
             always scored on rank 0.
         knn_k, knn_temperature: online weighted kNN (``knn_top1``/``knn_top5``): each
             evaluated item classified by its ``knn_k`` nearest other items of the split
-            (leave-one-out; the split's classes need not be the training classes);
-            ``knn_k=0`` turns it off.
+            (leave-one-out; the split's classes need not be the training classes; an
+            item alone in its class is not scored); ``knn_k=0`` turns it off.
         ceiling: also log the consistency ceiling C (``<stage>/ceiling``) and the
             efficiency gAP / C (``<stage>/efficiency``); None: when the split has at most
             2e6 positive pairs (C costs O(P log P) for P positive pairs).
@@ -265,7 +266,7 @@ class RetrievalEvaluation(Callback):
                     knn = leave_one_out_knn_accuracy(
                         emb, labels, k=self.knn_k, temperature=self.knn_temperature
                     )
-                    metrics.update({f"knn_{k}": v for k, v in knn.items()})
+                    metrics.update({f"knn_{k}": v for k, v in knn.items() if math.isfinite(v)})
                 if self.plots and trainer.is_global_zero:
                     shared = self._plot(trainer, state, stage)
                     if shared is not None:  # the histogram's line, as a logged value

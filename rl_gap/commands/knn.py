@@ -88,11 +88,18 @@ def checkpoint_module_class(checkpoint: str | Path) -> str | None:
 
     ``rl-gap fit`` (LightningCLI, subclass mode) stores it as the hyper-parameter
     ``_class_path``; the run's config (``checkpoint["rl_gap"]["config"]``) holds it too.
-    The file is memory-mapped: no tensor is read.
+    The file is memory-mapped (no tensor is read) and unpickled with ``weights_only``;
+    a checkpoint that needs more (objects beyond torch's allow-list, the legacy format)
+    is read as ``load_from_checkpoint`` reads it next.
     """
-    try:
-        ckpt = torch.load(str(checkpoint), map_location="cpu", mmap=True, weights_only=True)
-    except Exception:  # an old (non-zip) or non-plain checkpoint: nothing recorded to read
+    ckpt = None
+    for options in ({"mmap": True, "weights_only": True}, {"weights_only": False}):
+        try:
+            ckpt = torch.load(str(checkpoint), map_location="cpu", **options)
+            break
+        except Exception:  # noqa: BLE001 - the next way of reading it, else no record
+            continue
+    if not isinstance(ckpt, dict):
         return None
     hparams = ckpt.get("hyper_parameters") or {}
     if isinstance(hparams.get("_class_path"), str):

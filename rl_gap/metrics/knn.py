@@ -134,17 +134,25 @@ def leave_one_out_knn_accuracy(
     nearest *other* items: the online kNN of a split whose classes are not the
     training classes (metric-learning test splits, zero-shot images).
 
+    An item alone in its class can never be classified right: it votes for the others
+    but is not scored itself (as MAP@R skips a query without positives); ``{"top1":
+    nan, ...}`` when no item has a class-mate.
+
     Args:
         features: (N, D) float features; labels: (N,) integer classes.
     """
     _check_features("query", features, labels)
     # any integer ids (negative, sparse): votes over the classes present only
-    classes, labels = torch.unique(labels, return_inverse=True)
+    classes, labels, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    scored = counts[labels] > 1
+    if not bool(scored.any()):
+        return {f"top{t}": float("nan") for t in top_k}
     votes = weighted_knn_scores(
         features, features, labels, classes.numel(), k=k, temperature=temperature,
         exclude_self=True,
     )  # fmt: skip
-    return topk_accuracy(votes, labels.to(votes.device), top_k)
+    scored = scored.to(votes.device)
+    return topk_accuracy(votes[scored], labels.to(votes.device)[scored], top_k)
 
 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, top_k=(1, 5)) -> dict[str, float]:

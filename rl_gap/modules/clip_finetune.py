@@ -163,11 +163,12 @@ class CLIPFineTuneModule(RankingModule):
     @staticmethod
     def online_knn(features: torch.Tensor, labels: torch.Tensor, prefix: str) -> dict[str, float]:
         """Leave-one-out weighted kNN (k = 20, T = 0.07) of a zero-shot set's image
-        features: ``{prefix}knn_top1`` / ``knn_top5`` next to the zero-shot accuracy."""
+        features: ``{prefix}knn_top1`` / ``knn_top5`` next to the zero-shot accuracy
+        (not logged for a set with one image per class: nothing to classify by)."""
         if features.shape[0] < 2:
             return {}
-        out = leave_one_out_knn_accuracy(features, labels)
-        return {f"{prefix}knn_{key}": value for key, value in out.items()}
+        out = leave_one_out_knn_accuracy(features, labels)  # NaN: one image per class
+        return {f"{prefix}knn_{key}": v for key, v in out.items() if v == v}
 
     def batch_rows(self, batch: dict[str, Any]) -> int:
         for key in ("image", "text", "group"):

@@ -189,6 +189,7 @@ def test_callback_logs_the_online_leave_one_out_knn():
     g = torch.Generator().manual_seed(5)
     embeddings = torch.randn(40, 6, generator=g)  # continuous: no tie at the k-th neighbour
     labels = torch.randint(0, 4, (40,), generator=g)
+    labels[0] = 9  # alone in its class: not scored
     callback = RetrievalEvaluation(plots=False, map_at=(), knn_k=7)
     callback._collect({"embeddings": embeddings, "labels": labels, "indices": torch.arange(40)})
     trainer = SimpleNamespace(

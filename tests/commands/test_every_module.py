@@ -150,3 +150,20 @@ def test_progress_goes_to_stderr_and_stdout_stays_json(tmp_path, image_folders, 
     assert json.loads(shown.out)["num_bank"] == 24 and "bank features" in shown.err
     assert main(["knn", *source, "--k", "3", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_record_beyond_the_weights_only_allow_list_is_still_read(tmp_path):
+    import argparse
+
+    path, _ = _checkpoint(tmp_path, "metric")
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["extra"] = argparse.Namespace(a=1)  # torch's weights_only loader refuses it
+    torch.save(ckpt, path)
+    assert checkpoint_module_class(path) == "rl_gap.modules.metric_learning.MetricLearningModule"
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save(
+        {"hyper_parameters": {"_class_path": "a.B"}}, legacy, _use_new_zipfile_serialization=False
+    )
+    assert checkpoint_module_class(legacy) == "a.B"
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    assert checkpoint_module_class(tmp_path / "junk.ckpt") is None

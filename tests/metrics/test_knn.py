@@ -108,7 +108,8 @@ def loo_knn_reference(x, labels, k, temperature, tops=(1, 2)) -> dict[str, float
     classes = sorted(set(labels.tolist()))
     n = x.shape[0]
     hits = dict.fromkeys(tops, 0)
-    for i in range(n):
+    scored = [i for i in range(n) if (labels == labels[i]).sum() > 1]  # a class-mate exists
+    for i in scored:
         sims = sorted(((float(unit[i] @ unit[j]), j) for j in range(n) if j != i), reverse=True)
         votes = dict.fromkeys(classes, 0.0)
         for s, j in sims[:k]:
@@ -116,7 +117,7 @@ def loo_knn_reference(x, labels, k, temperature, tops=(1, 2)) -> dict[str, float
         ranked = sorted(classes, key=lambda c: (-votes[c], c))
         for t in tops:
             hits[t] += int(labels[i]) in ranked[:t]
-    return {f"top{t}": hits[t] / n for t in tops}
+    return {f"top{t}": hits[t] / len(scored) for t in tops}
 
 
 @pytest.mark.parametrize("k", [1, 3, 50])
@@ -126,8 +127,13 @@ def test_leave_one_out_knn_equals_a_python_loop(k):
     g = torch.Generator().manual_seed(k)
     x = torch.randn(23, 5, generator=g, dtype=torch.float64)
     labels = torch.randint(0, 4, (23,), generator=g) * 7 - 3  # sparse, negative ids
+    labels[:2] = torch.tensor([100, 101])  # alone in their class: vote, are not scored
     want = loo_knn_reference(x, labels, k, 0.1)
     out = leave_one_out_knn_accuracy(x, labels, k=k, temperature=0.1, top_k=(1, 2))
     assert out == pytest.approx(want, abs=1e-12)
+    lonely = leave_one_out_knn_accuracy(x[:3], torch.tensor([1, 2, 3]))
+    assert all(math.isnan(v) for v in lonely.values())
+    from rl_gap.metrics.knn import weighted_knn_scores
+
     with pytest.raises(ValueError, match="at least 2 items"):
-        leave_one_out_knn_accuracy(x[:1], labels[:1])
+        weighted_knn_scores(x[:1], x[:1], labels[:1] * 0, 1, exclude_self=True)

@@ -160,5 +160,5 @@ def test_module_validation_logs_metrics_equal_to_brute_force():
     top1 = float(np.mean(cls_scores.argmax(1) == ig))
     assert logged["val/toy_cls/zs_top1"] == pytest.approx(top1)
     assert logged["val/toy_cls/zs_top5"] == pytest.approx(1.0)  # 5 classes
-    # online kNN on the image tower: one image per class, so no neighbour shares its class
-    assert logged["val/toy_cls/knn_top1"] == 0.0 and logged["val/toy_cls/knn_top5"] == 1.0
+    # online kNN on the image tower: one image per class, no class-mate to classify by
+    assert "val/toy_cls/knn_top1" not in logged
