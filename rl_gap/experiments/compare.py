@@ -108,6 +108,11 @@ class Comparison:
                     f"{self.recipe}: its DataModule has no {VAL_SPLIT_KEY}, so temperatures "
                     "cannot be chosen on held-out training classes"
                 )
+        if self.tau_grid is not None and override_temperature(self.extra) is not None:
+            raise ValueError(
+                "overrides set the temperature of every loss and --tau-grid searches it: "
+                "drop one of the two"
+            )
         if any(VAL_SPLIT_KEY in word for word in self.extra):
             raise ValueError(
                 f"overrides set {VAL_SPLIT_KEY}: test runs report the test split and the τ "
@@ -137,6 +142,24 @@ def recipe_temperature(recipe: str, loss: str) -> float | None:
         return float(kwargs["temperature"])
     default = inspect.signature(get_loss_class(loss).__init__).parameters["temperature"].default
     return float(default)
+
+
+TEMPERATURE_KEYS = ("--model.init_args.loss.temperature", "--model.loss.temperature")
+
+
+def override_temperature(extra: Sequence[str]) -> float | None:
+    """The temperature an override sets for every loss (``--model.init_args.loss.temperature
+    0.01`` or ``--model.loss.temperature=0.01``; the last one wins), or None."""
+    value = None
+    for i, word in enumerate(extra):
+        key, eq, rest = word.partition("=")
+        if key in TEMPERATURE_KEYS:
+            text = rest if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"{key} needs a number, got {text!r}") from None
+    return value
 
 
 def _loss_args(loss: str, tau: float | None) -> tuple[str, ...]:
@@ -238,8 +261,13 @@ def compare(
     else:
         taus = {loss: None for loss in plan.losses}
     rows = run_tests(plan, runner, taus, done)
-    chosen = {loss: taus[loss] if taus[loss] is not None else recipe_temperature(plan.recipe, loss)
-              for loss in plan.losses}  # fmt: skip
+    forced = override_temperature(plan.extra)  # an override wins over the recipe's tables
+    chosen = {
+        loss: taus[loss] if taus[loss] is not None
+        else (forced if forced is not None and takes_temperature(loss)
+              else recipe_temperature(plan.recipe, loss))
+        for loss in plan.losses
+    }  # fmt: skip
     summary = aggregate(rows, ["loss"], tuple(TABLE_METRICS))
     for row in summary:
         row["tau"] = chosen[row["loss"]]
@@ -285,6 +313,8 @@ def report(
         )
         lines.append("")
         lines.append(_grid_table(plan, val_rows))
+    elif override_temperature(plan.extra) is not None:
+        lines.append("τ per loss: set for every loss by the overrides.")
     else:
         lines.append(f"τ per loss: {plan.tau_source}.")
     lines += ["", f"Paired verdicts, {PAIRED_RULE}:", ""]

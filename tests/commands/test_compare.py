@@ -33,7 +33,7 @@ class FakeRunner(Runner):
         self.calls: list[tuple[int, list[str], str]] = []
 
     def run(self, recipe, run_dir, seed, overrides=(), job_type="train"):
-        overrides = list(overrides)
+        overrides = [*self.overrides, *overrides]  # as Runner.run: the runner's, then the run's
         self.calls.append((seed, overrides, job_type))
         loss = overrides[overrides.index("--model.init_args.loss.name") + 1]
         tau = float(overrides[overrides.index("--model.init_args.loss.temperature") + 1])
@@ -218,3 +218,14 @@ def test_command_groups_runs_in_wandb_and_logs_a_summary(tmp_path, monkeypatch):
     seen.clear()
     assert cli_main([*argv[:-1], "off"]) == 0
     assert "init" not in seen  # W&B off: no summary run
+
+
+def test_a_temperature_override_is_the_reported_tau(tmp_path):
+    runner = FakeRunner()
+    plan = _plan(tmp_path, extra=("--model.init_args.loss.temperature", "0.05"))
+    runner.overrides = list(plan.extra)
+    result = compare(plan, runner)
+    assert result.temperatures == {"gsap": 0.05, "msap": 0.05, "infonce": 0.05}
+    assert "| gsap | 0.05 |" in result.text and "set for every loss by the overrides" in result.text
+    with pytest.raises(ValueError, match="drop one of the two"):
+        compare(_plan(tmp_path, tau_grid=[0.1], extra=("--model.loss.temperature=0.01",)), runner)
