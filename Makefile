@@ -1,4 +1,4 @@
-# rl_gap: `make demo` trains the MNIST demo with three losses; `make test` runs the CPU test suite.
+# rl_gap: `make demo` trains gSAP, mSAP and InfoNCE on many-class glyphs (paired seeds); `make test` runs the CPU test suite.
 # Both bootstrap .venv on a fresh machine: exact versions from constraints.txt (setup.cfg
 # states lower bounds for torch and numpy, so `pip install .` into an existing environment keeps its torch).
 PYTHON ?= python3

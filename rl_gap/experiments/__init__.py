@@ -9,7 +9,7 @@
   on one recipe, τ chosen on held-out training classes, paired verdicts, plot);
 - :mod:`rl_gap.experiments.scarce`: ``rl-gap sweep-scarce`` (γ × ρ × loss);
 - :mod:`rl_gap.experiments.studies`: negative-dropping and temperature studies
-  (``scripts/study_neg_drop.py``, ``scripts/study_temperature.py``).
+  (``python -m research.studies neg_drop``, ``python -m research.studies temperature``).
 
 ``rl-gap tune`` (Optuna search + seeds) lives in :mod:`rl_gap.commands.tune`.
 """

@@ -1,10 +1,10 @@
 """The gSAP paper's hyper-parameter studies as sweeps with a table and a plot.
 
-- :func:`neg_drop_main` (``scripts/study_neg_drop.py``): gAP and mAP against
+- :func:`neg_drop_main` (``python -m research.studies neg_drop``): gAP and mAP against
   the negative-dropping rate α (the α fraction of lowest-similarity negatives
   of every batch removed before the loss; the paper's Figure 2 / Table M, α up
   to 99.9%).
-- :func:`temperature_main` (``scripts/study_temperature.py``): gAP and mAP
+- :func:`temperature_main` (``python -m research.studies temperature``): gAP and mAP
   against the temperature τ for each loss (the paper's §B.3: gAP plateaus
   for τ ≤ 0.01 and collapses for τ ≥ 0.1).
 
