@@ -46,6 +46,10 @@ def test_command_help_exits_cleanly(name, capsys):
         (["extrapolate", "--queries", "{tmp}/e.npy", "--positives", "{tmp}/e.npy",
           "--distractors", "{tmp}/e.npy", "--gallery-size", "100", "--k", "0"],
          "--k must be >= 1"),
+        (["extrapolate", "--queries", "{tmp}/e.npy", "--positives", "{tmp}/e.npy",
+          "--distractors", "{tmp}/e.npy", "--gallery-size", "100", "--query-labels",
+          "{tmp}/l.npy", "--positive-labels", "{tmp}/l.npy"],
+         "is the --queries set"),
     ],
 )  # fmt: skip
 def test_console_input_errors_are_one_line_with_exit_2(tmp_path, monkeypatch, capsys, words,

@@ -5,18 +5,21 @@ prediction writer holding ``embeddings.npy`` (n, d) and ``labels.npy`` (n,)):
 - ``--queries``      (Q, d) query embeddings;
 - ``--positives``    (P, d) positive embeddings, tied to queries either by
   ``--positive-query`` (P,) integer query indices, or by labels
-  (``--query-labels`` (Q,), ``--positive-labels`` (P,): relevant iff equal;
+  (``--query-labels`` (Q,), ``--positive-labels`` (P,): relevant iff equal; read as
+  ``evaluate`` reads labels: .npy, .pt, or .txt/.csv one per line;
   a folder's ``labels.npy`` serves as these labels unless they are given;
   when ``--queries`` and ``--positives`` are the same file or folder, an item
   is never its own positive: leave-one-out);
 - ``--distractors``  (S, d) embeddings of an i.i.d. distractor sample (e.g.
   drawn with ``rl_gap.metrics.tail.sampling.sample_mask``); optional
   ``--distractor-ids`` (S,) assign the nested sub-samples by hash, otherwise
-  by position (the sample must then be in random order).
+  by position (the sample must then be in random order). The sample is refused
+  when it is the query or positive set itself.
 
 Prints a table of at most 100 columns (``--format json|csv`` instead: the
 estimators with 95% query-bootstrap intervals, the interval widened by the
-threshold spread and the sufficient-budget check; flags listed below it), with a
+threshold spread and the sufficient-budget check; flags listed below it; the JSON's
+top-level ``flags`` hold the run's own notes, e.g. a ``--k`` capped at N + positives), with a
 progress bar per stage on stderr; ``--json PATH`` also writes the results there
 (nothing is written without it), and ``--plot`` draws predicted mAP@k against
 gallery size (after the JSON is written). The score range the default
@@ -41,6 +44,8 @@ from rl_gap.commands.extrapolate_inputs import (  # noqa: F401  (names kept impo
     integer_indices,
     label_codes,
     load_array,
+    read_labels,
+    same_embeddings,
     same_file,
     top_positive_scores,
 )
@@ -240,8 +245,8 @@ def _positives(args, queries, positives, k: int, progress: Progress) -> torch.Te
             "tie positives to queries with --positive-query, or --query-labels and "
             "--positive-labels (or pass prediction-writer folders, whose labels.npy are used)"
         )
-    ql = np.asarray(load_array(query_labels, "--query-labels", "(Q,) labels"))
-    pl = np.asarray(load_array(positive_labels, "--positive-labels", "(P,) labels"))
+    ql = read_labels(query_labels, "--query-labels", n_queries)
+    pl = read_labels(positive_labels, "--positive-labels", n_pos)
     if ql.shape != (n_queries,) or pl.shape != (n_pos,):
         raise ValueError(
             f"labels must be ({n_queries},) and ({n_pos},), got {ql.shape}, {pl.shape}"
@@ -265,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     norms = NormRange()
     prep = _embedding_reader(args.l2_normalize, norms)
     queries, positives = prep(queries_raw), prep(positives_raw)
-    k = _capped_k(args.k, args.gallery_size + positives.shape[0])
+    k, k_note = _capped_k(args.k, args.gallery_size + positives.shape[0])
     progress = Progress(not args.no_progress)
     try:
         pos = _positives(args, queries, positives, k, progress)
@@ -278,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
         predictor = tail_predictor(pos, state, k, config=config, seed=args.seed, bayes=bayes)
         out = _estimate_all(args, estimators, predictor, score_range, progress)
         out["embedding_norms"] = [norms.low, norms.high]
+        # The run's own notes (each estimator's "flags" are its support checks).
+        out["requested_k"], out["flags"] = args.k, [] if k_note is None else [k_note]
         emit(out, args.format)
         from rl_gap.training.wandb_mode import log_command_result
 
@@ -293,6 +300,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _load_embeddings(args):
     """(queries, positives, distractors) as loaded (memory maps stay maps), shapes checked."""
+    for other in ("queries", "positives"):
+        if same_embeddings(args.distractors, getattr(args, other)):
+            raise ValueError(
+                f"--distractors {args.distractors!r} is the --{other} set: the distractor "
+                f"sample must be items that are neither queries nor positives"
+            )
     queries = load_array(args.queries, "--queries", "(Q, d) float")
     check_embeddings(queries, "queries")
     positives = load_array(args.positives, "--positives", "(P, d) float")
@@ -321,16 +334,17 @@ def _embedding_reader(l2_normalize: bool, norms: NormRange | None = None):
     return prep
 
 
-def _capped_k(k: int, length: int) -> int:
-    """AP@k is AP past the gallery's length (N + positives): a larger k only costs memory."""
+def _capped_k(k: int, length: int) -> tuple[int, str | None]:
+    """``(k used, note)``: AP@k is AP past the gallery's length (N + positives), so a
+    larger k only costs memory and is capped; the note (None when not capped) says so."""
     if k <= length:
-        return k
-    print(
-        f"note: --k {k:,} exceeds the gallery's length (N + positives = {length:,}); "
-        f"using k = {length:,} (the same metric)",
-        file=sys.stderr,
+        return k, None
+    note = (
+        f"--k {k:,} exceeds the gallery's length (N + positives = {length:,}); "
+        f"using k = {length:,} (the same metric)"
     )
-    return length
+    print(f"note: {note}", file=sys.stderr)
+    return length, note
 
 
 def _score_sample(args, estimators, queries, distractors, k, config, prep, progress):

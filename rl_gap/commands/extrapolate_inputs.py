@@ -16,6 +16,7 @@ import os
 import numpy as np
 import torch
 
+from rl_gap.commands.labels import as_numbers, load_labels
 from rl_gap.commands.npy_io import load_npy
 
 #: Query-by-positive scores held at once while building the positive matrix.
@@ -45,6 +46,28 @@ def same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def same_embeddings(a: str, b: str) -> bool:
+    """Whether two embedding arguments name one set: the same file or folder, or a
+    prediction-writer folder and the ``embeddings.npy`` inside it."""
+
+    def file_of(path: str) -> str:
+        return os.path.join(path, "embeddings.npy") if os.path.isdir(path) else path
+
+    return same_file(a, b) or same_file(file_of(a), file_of(b))
+
+
+def read_labels(path: str, name: str, count: int) -> np.ndarray:
+    """Labels of ``count`` items read as ``rl-gap evaluate`` reads them
+    (:func:`rl_gap.commands.labels.load_labels`: .npy, .pt, or .txt/.csv one per line);
+    text that is all numbers becomes numbers, so ``7`` in a text file equals 7 in a .npy."""
+    try:
+        labels = np.asarray(load_labels(path, count))
+        numbers = as_numbers(labels) if labels.dtype.kind in "US" else None
+    except (OSError, ValueError) as err:
+        raise type(err)(f"{name}: {err}") from err
+    return labels if numbers is None else numbers
 
 
 def folder_file(folder: str, filename: str, name: str) -> str:

@@ -85,11 +85,56 @@ def test_k_beyond_the_gallery_is_capped_not_allocated(tmp_path, capsys):
     captured = capsys.readouterr()
     res = json.loads(captured.out)
     assert res["k"] == 30_000 + 12 and "exceeds the gallery" in captured.err
+    # The cap is part of the results, not only a note on stderr.
+    assert res["requested_k"] == 10_000_000
+    assert res["flags"] == [
+        "--k 10,000,000 exceeds the gallery's length (N + positives = 30,012); "
+        "using k = 30,012 (the same metric)"
+    ]
     # AP past the gallery's length is AP: the same as any k >= N + positives.
     args[args.index("--k") + 1] = str(30_012)
     assert main(args) == 0
     same = json.loads(capsys.readouterr().out)
     assert same["estimators"]["count"]["map"] == res["estimators"]["count"]["map"]
+    assert same["flags"] == [] and same["requested_k"] == 30_012
+
+
+@pytest.mark.parametrize("sides", ["both", "query", "positive"])
+def test_text_labels_are_read_as_evaluate_reads_them(tmp_path, capsys, sides):
+    """.txt labels (one per line, optional header) give the result of the same ids in a .npy,
+    also when only one side is text."""
+    _inputs(tmp_path)
+    labels = np.repeat(np.arange(4), 3)
+    np.save(tmp_path / "l.npy", labels)
+    assert main(_args(tmp_path, "--format", "json")) == 0
+    reference = json.loads(capsys.readouterr().out)["estimators"]["count"]["map"]
+    (tmp_path / "l.txt").write_text("label\n" + "\n".join(str(v) for v in labels) + "\n")
+    args = _args(tmp_path, "--format", "json")
+    for option, side in (("--query-labels", "query"), ("--positive-labels", "positive")):
+        if sides in ("both", side):
+            args[args.index(option) + 1] = str(tmp_path / "l.txt")
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["estimators"]["count"]["map"] == reference
+    (tmp_path / "short.txt").write_text("\n".join(str(v) for v in labels[:5]))
+    args[args.index("--query-labels") + 1] = str(tmp_path / "short.txt")
+    with pytest.raises(ValueError, match=r"labels must be \(12,\)"):
+        main(args)
+
+
+def test_distractors_that_are_the_queries_are_refused(tmp_path):
+    emb, labels, x = _inputs(tmp_path)
+    np.save(tmp_path / "l.npy", labels)
+    folder = tmp_path / "pred"
+    folder.mkdir()
+    np.save(folder / "embeddings.npy", emb)
+    np.save(folder / "labels.npy", labels)
+    args = _args(tmp_path)
+    for queries, distractors in ((folder, folder), (folder, folder / "embeddings.npy"),
+                                 (tmp_path / "e.npy", tmp_path / "e.npy")):  # fmt: skip
+        args[args.index("--queries") + 1] = args[args.index("--positives") + 1] = str(queries)
+        args[args.index("--distractors") + 1] = str(distractors)
+        with pytest.raises(ValueError, match="--distractors .* is the --queries set"):
+            main(args)
 
 
 def test_top_k_positives_per_query_give_the_full_ap_at_k():
