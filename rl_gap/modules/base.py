@@ -35,6 +35,7 @@ from rl_gap import dist
 from rl_gap import dist as shard_comm
 from rl_gap.losses.registry import read_loss_section
 from rl_gap.losses.sharding import supports_sharding, warn_replicated
+from rl_gap.modules.compile_settings import COMPILE_OPTIONS, compile_settings_error  # noqa: F401
 from rl_gap.modules.grad_cache import cached_encode
 from rl_gap.modules.split_batch import (
     batchnorm_micro_batch_error,
@@ -69,7 +70,6 @@ def enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
         raise ValueError(unsupported) from err
 
 
-COMPILE_OPTIONS = ("backend", "mode", "dynamic", "fullgraph", "options")
 
 
 def compile_in_place(
@@ -83,12 +83,17 @@ def compile_in_place(
     """
     if settings is None or settings is False:
         return
+    problem = compile_settings_error(settings)
+    if problem:
+        raise ValueError(f"compile: {problem}")
     kwargs = {} if settings is True else dict(settings)
-    unknown = sorted(set(kwargs) - set(COMPILE_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"compile: unknown torch.compile option(s) {unknown}; known: {list(COMPILE_OPTIONS)}"
-        )
+    mode = kwargs.get("mode")
+    if mode is not None:
+        from torch._inductor import list_mode_options
+
+        modes = list(list_mode_options())
+        if mode not in modes:
+            raise ValueError(f"compile: unknown mode {mode!r}; torch has {modes}")
     backend = kwargs.get("backend")
     if isinstance(backend, str):
         from torch import _dynamo

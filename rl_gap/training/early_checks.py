@@ -10,7 +10,9 @@ standard library and YAML only, and reports in one line:
   ``--data.init_args.batchsize``), read from the class's source with :mod:`ast` (no
   import), with the closest valid name;
 - a value of the wrong kind for an ``int``/``float``/``bool`` argument
-  (``--data.init_args.batch_size abc``);
+  (``--data.init_args.batch_size abc``), or a ``compile`` setting torch would refuse
+  (``{dynamic: maybe}``), given on the command line or in a config file (under
+  ``init_args`` or directly under the section: ``model: {micro_batch_size: 8}``);
 - a data folder or file that does not exist (``--data.init_args.root /data/sopp``);
 - ``trainer.accumulate_grad_batches > 1`` for a ranking module without
   ``allow_split_batch`` (the loss would rank parts of its batch).
@@ -109,7 +111,7 @@ def early_error(words: list[str]) -> str | None:
         content = content.get(words[0], content) if isinstance(content, dict) else content
         for key, value in content.items():
             if isinstance(value, dict) and isinstance(recipe.get(key), dict):
-                recipe[key] = {**recipe[key], **value}
+                recipe[key] = _merge_section(recipe[key], value)
             else:
                 recipe[key] = value
     given = command_line_keys(rest)
@@ -126,6 +128,27 @@ def early_error(words: list[str]) -> str | None:
     return _split_batch_error(recipe, given)
 
 
+def _merge_section(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """A later config file's section over an earlier one: its ``init_args`` (or keys written
+    directly under the section) add to the earlier ones unless it names another class."""
+    merged = {**base, **overlay}
+    if overlay.get("class_path", base.get("class_path")) == base.get("class_path"):
+        base_args, new_args = base.get("init_args"), overlay.get("init_args")
+        if isinstance(base_args, dict) and isinstance(new_args, dict):
+            merged["init_args"] = {**base_args, **new_args}
+    return merged
+
+
+def _section_values(recipe_section: Any) -> dict[str, Any]:
+    """A config section's arguments: its ``init_args`` and any key written directly under
+    the section (``model: {micro_batch_size: 8}``, which jsonargparse also reads)."""
+    if not isinstance(recipe_section, dict):
+        return {}
+    values = {k: v for k, v in recipe_section.items() if k not in ("class_path", "init_args", "dict_kwargs")}
+    values.update(recipe_section.get("init_args") or {})
+    return values
+
+
 def _class_path(section: str, recipe_section: Any, given: Mapping[str, Any]) -> str | None:
     for key in (section, f"{section}.class_path"):
         if isinstance(given.get(key), str):
@@ -140,11 +163,15 @@ def _section_error(section: str, recipe_section: Any, given: Mapping[str, Any]) 
     signature = class_signature(class_path) if class_path else None
     if signature is None:
         return None
-    values = (
-        dict((recipe_section or {}).get("init_args") or {})
-        if isinstance(recipe_section, dict)
-        else {}
-    )
+    values = _section_values(recipe_section)
+    unknown = [name for name in values if name not in signature.params and not signature.open]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], signature.params, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return (
+            f"{section}.{unknown[0]} in a config file: {class_path.rsplit('.', 1)[-1]} has no "
+            f"argument {unknown[0]!r} ({hint}its arguments: {', '.join(sorted(signature.params))})"
+        )
     for key, value in given.items():
         if not key.startswith(f"{section}.") or key == f"{section}.class_path":
             continue
@@ -159,7 +186,12 @@ def _section_error(section: str, recipe_section: Any, given: Mapping[str, Any]) 
         if "." not in key[len(section) + 1 :].removeprefix("init_args."):
             values[name] = value
     for name, value in values.items():
-        problem = _value_error(signature.params.get(name), value)
+        if name == "compile" and section == "model":
+            from rl_gap.modules.compile_settings import compile_settings_error
+
+            problem = compile_settings_error(value)
+        else:
+            problem = _value_error(signature.params.get(name), value)
         if problem:
             return f"--{section}.init_args.{name}: {problem}"
         if (

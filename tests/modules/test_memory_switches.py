@@ -85,6 +85,10 @@ def test_compile_options_go_to_torch_compile_and_keep_eager_values():
     [
         ({"backnd": "eager"}, r"unknown torch.compile option\(s\) \['backnd'\]"),
         ({"backend": "no_such_backend"}, "unknown backend 'no_such_backend'"),
+        ({"dynamic": "maybe"}, "compile: dynamic must be true, false or null, got 'maybe'"),
+        ({"mode": "fastest"}, "compile: unknown mode 'fastest'"),
+        ({"fullgraph": "yes"}, "compile: fullgraph must be true or false, got 'yes'"),
+        ("eager", "compile: expected true, false or a mapping"),
     ],
 )
 def test_bad_compile_options_are_one_line_errors(settings, message):

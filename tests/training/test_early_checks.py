@@ -43,6 +43,14 @@ def test_signatures_follow_kwargs_to_the_base_class():
             "--data.init_args.batch_size: expected int, got 'abc'",
         ),
         (
+            ["--model.init_args.compile", "{dynamic: maybe}"],
+            "--model.init_args.compile: dynamic must be true, false or null, got 'maybe'",
+        ),
+        (
+            ["--model.compile", "{backend: eager, options: 3}"],
+            "--model.init_args.compile: options must be a mapping or null, got 3",
+        ),
+        (
             ["--trainer.accumulate_grad_batches", "4"],
             "accumulate_grad_batches=4 would split each batch",
         ),
@@ -74,6 +82,38 @@ def test_valid_command_lines_pass(tmp_path):
     assert early_error(moco) is None
 
 
+@pytest.mark.parametrize(
+    ("overlay", "expected"),
+    [
+        # keys written directly under the section, as jsonargparse also reads them
+        ("model:\n  micro_batch_size: true\n", "expected None or int, got True"),
+        ("model:\n  micro_batch_size: abc\n", "expected None or int, got 'abc'"),
+        # an overlay's init_args add to the recipe's (the class stays the recipe's)
+        ("model:\n  init_args:\n    micro_batch_size: 2.5\n", "expected None or int, got 2.5"),
+        ("fit:\n  model:\n    compile: {dynamic: maybe}\n",
+         "dynamic must be true, false or null, got 'maybe'"),
+    ],
+)  # fmt: skip
+def test_values_in_an_overlay_config_file(tmp_path, overlay, expected):
+    (tmp_path / "overlay.yaml").write_text(overlay)
+    words = ["fit", "--config", SOP, "--config", str(tmp_path / "overlay.yaml"),
+             "--data.init_args.root", str(tmp_path)]  # fmt: skip
+    name = "compile" if "compile" in overlay else "micro_batch_size"
+    assert early_error(words) == f"--model.init_args.{name}: {expected}"
+
+
+def test_an_overlay_key_the_class_does_not_take(tmp_path):
+    (tmp_path / "overlay.yaml").write_text("model:\n  micro_batch: 8\n")
+    words = ["fit", "--config", SOP, "--config", str(tmp_path / "overlay.yaml")]
+    assert early_error(words).startswith(
+        "model.micro_batch in a config file: MetricLearningModule has no argument 'micro_batch' "
+        "(did you mean micro_batch_size?"
+    )
+    (tmp_path / "overlay.yaml").write_text("model:\n  init_args:\n    micro_batch_size: 8\n")
+    words += ["--data.init_args.root", str(tmp_path)]
+    assert early_error(words) is None
+
+
 def test_console_reports_one_line_without_importing_torch(tmp_path):
     code = (
         "import sys\nfrom rl_gap.cli import main\n"
@@ -85,6 +125,14 @@ def test_console_reports_one_line_without_importing_torch(tmp_path):
     assert out.stdout.split() == ["2", "False", "False"]
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("rl-gap: error: --model.init_args.lrr: MetricLearningModule has no")
+    (tmp_path / "overlay.yaml").write_text("model:\n  micro_batch_size: true\n")
+    code = code.replace("'--model.init_args.lrr', '1'", f"'--config', {str(tmp_path / 'overlay.yaml')!r}")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert out.stdout.split() == ["2", "False", "False"]
+    assert out.stderr.strip().splitlines() == [
+        "rl-gap: error: --model.init_args.micro_batch_size: expected None or int, got True"
+    ]
 
 
 def test_version(capsys):
