@@ -22,6 +22,7 @@ from torch import nn
 
 from rl_gap.models.preprocess import CONVNET_PREPROCESS, timm_preprocess
 from rl_gap.models.pretrained import (
+    PretrainedWeightsUnavailable,
     fetching,
     hf_hub_cache,
     is_hub_name,
@@ -158,13 +159,24 @@ def create_backbone(name: str, pretrained: bool, in_chans: int = 3, **kwargs: An
     if weights_come_from_checkpoint():  # the architecture alone; a checkpoint brings weights
         name, pretrained = registry_name(name), False
     if not pretrained:
-        with fetching(f"of the timm model {name!r}", [hf_hub_cache()]):  # a Hub config
+        # hf-hub:timm/<registered name>: timm's registry has the architecture (no Hub config)
+        with fetching(f"of the timm model {name!r}", [hf_hub_cache()]):  # other Hub configs
             return timm.create_model(
-                name, pretrained=False, num_classes=0, in_chans=in_chans, **kwargs
+                registry_name(name), pretrained=False, num_classes=0, in_chans=in_chans, **kwargs
             )
     caches = [f"{hf_hub_cache()} (HF_HOME)", f"{torch_hub_checkpoints()} (TORCH_HOME)"]
-    with fetching(f"of the timm model {name!r}", caches):
-        model = timm.create_model(name, pretrained=True, in_chans=in_chans, **kwargs)
+    try:
+        with fetching(f"of the timm model {name!r}", caches):
+            model = timm.create_model(name, pretrained=True, in_chans=in_chans, **kwargs)
+    except PretrainedWeightsUnavailable:
+        # A cache filled through timm's own name (``resnet50.tv_in1k``) holds the weights of
+        # ``hf-hub:timm/resnet50.tv_in1k`` but not the repository's config.json, which the Hub
+        # name reads first; the registered name loads the same file of the same repository.
+        registered = registry_name(name)
+        if registered == name:
+            raise
+        with fetching(f"of the timm model {name!r}", caches):
+            model = timm.create_model(registered, pretrained=True, in_chans=in_chans, **kwargs)
     model.reset_classifier(0)
     return model
 

@@ -5,7 +5,10 @@ or ``$HF_HUB_CACHE``); timm's older URL weights go to torch.hub's cache
 (``$TORCH_HOME/hub/checkpoints``), open_clip's to ``~/.cache/clip``. With
 ``HF_HUB_OFFLINE=1`` only the cache is read. A name that the cache does not hold
 and that cannot be downloaded raises :class:`PretrainedWeightsUnavailable`, one
-line naming the caches that were searched.
+line naming the caches that were searched. ``hf-hub:timm/<registered name>`` is also
+found in a cache that holds the repository's weights but not its ``config.json`` (as
+timm fills it for ``<registered name>`` with ``pretrained: true``): timm's registry
+has the same architecture and reads the same weight file.
 
 Evaluating a checkpoint (``rl-gap validate|test|predict --ckpt_path``) builds the
 model inside :func:`weights_from_checkpoint`: the checkpoint replaces every weight,

@@ -52,11 +52,17 @@ def case(name, build):
     except Exception as err:
         results[name] = f"{type(err).__name__}: {err}"
 
+def architecture(encoder):
+    return {f"shape.{k}": torch.tensor(v.shape) for k, v in encoder.backbone.state_dict().items()}
+
 def clip_tensors(encoder):
     return {**encoder.model.state_dict(), "_mean": torch.tensor(encoder.mean)}
 
 case("timm_hub", lambda: EmbeddingEncoder("hf-hub:rl-gap-test/tiny-resnet", dim=0).backbone.state_dict())
 case("timm_tag", lambda: EmbeddingEncoder("test_resnet", dim=0, pretrained=True).backbone.state_dict())
+# a cache filled through timm's registered name holds the weights, not the repo's config.json
+case("timm_hub_timm", lambda: EmbeddingEncoder("hf-hub:timm/test_resnet.r160_in1k", dim=0).backbone.state_dict())
+case("timm_hub_timm_random", lambda: architecture(EmbeddingEncoder("hf-hub:timm/test_vit.r160_in1k", dim=0, pretrained=False)))
 case("timm_missing", lambda: EmbeddingEncoder("test_vit", pretrained=True).state_dict())
 case("clip_hub", lambda: clip_tensors(CLIPEncoder("hf-hub:rl-gap-test/tiny-clip")))
 # a tiny architecture with a tag in open_clip's own registry, resolved like 'openai'
@@ -78,9 +84,6 @@ case("clip_missing", lambda: clip_tensors(CLIPEncoder("ViT-B-32-quickgelu", pret
 results["openai_file"] = pretrained_tag_file("ViT-B-32-quickgelu", "openai")[0]
 # evaluation from a checkpoint: names the cache does not hold build offline, weights unread
 from rl_gap.models.pretrained import weights_from_checkpoint
-
-def architecture(encoder):
-    return {f"shape.{k}": torch.tensor(v.shape) for k, v in encoder.backbone.state_dict().items()}
 
 with weights_from_checkpoint():
     case("ckpt_timm_hub", lambda: architecture(EmbeddingEncoder("hf-hub:timm/test_vit.r160_in1k", dim=0)))
@@ -159,11 +162,13 @@ def _loaded(builds, name):
     return load_file(str(builds["out"] / f"{name}.safetensors"))
 
 
-@pytest.mark.parametrize("name", ["timm_hub", "timm_tag"])
+@pytest.mark.parametrize("name", ["timm_hub", "timm_tag", "timm_hub_timm"])
 def test_timm_weights_by_name_come_from_the_hub_cache(offline_builds, name):
-    """``hf-hub:org/repo`` and ``pretrained: true`` (timm's default tag) load the cached file."""
+    """``hf-hub:org/repo`` and ``pretrained: true`` (timm's default tag) load the cached file;
+    ``hf-hub:timm/<tag>`` loads it from a cache that holds the weights without config.json
+    (as ``timm.create_model("<tag>", pretrained=True)`` fills it)."""
     loaded = _loaded(offline_builds, name)
-    written = offline_builds["refs"][name]
+    written = offline_builds["refs"]["timm_tag" if name == "timm_hub_timm" else name]
     backbone = {k: v for k, v in written.items() if not k.startswith("fc.")}
     assert set(loaded) == set(backbone)  # the classifier is dropped
     for key, value in backbone.items():
@@ -202,7 +207,9 @@ def test_weights_missing_offline_fail_in_one_line_naming_the_cache(offline_build
         assert str(offline_builds["home"] / "torch" / "hub" / "checkpoints") in message
 
 
-@pytest.mark.parametrize("name", ["ckpt_timm_hub", "ckpt_timm_tag", "ckpt_timm_file"])
+@pytest.mark.parametrize(
+    "name", ["ckpt_timm_hub", "ckpt_timm_tag", "ckpt_timm_file", "timm_hub_timm_random"]
+)
 def test_evaluating_a_checkpoint_builds_timm_names_offline_without_their_weights(
     offline_builds, name
 ):
