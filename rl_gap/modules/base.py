@@ -70,8 +70,6 @@ def enable_grad_checkpointing(model: torch.nn.Module, name: str) -> None:
         raise ValueError(unsupported) from err
 
 
-
-
 def compile_in_place(
     modules: Iterable[torch.nn.Module | None], settings: bool | Mapping[str, Any] | None = True
 ) -> None:

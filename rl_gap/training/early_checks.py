@@ -144,7 +144,11 @@ def _section_values(recipe_section: Any) -> dict[str, Any]:
     the section (``model: {micro_batch_size: 8}``, which jsonargparse also reads)."""
     if not isinstance(recipe_section, dict):
         return {}
-    values = {k: v for k, v in recipe_section.items() if k not in ("class_path", "init_args", "dict_kwargs")}
+    values = {
+        k: v
+        for k, v in recipe_section.items()
+        if k not in ("class_path", "init_args", "dict_kwargs")
+    }
     values.update(recipe_section.get("init_args") or {})
     return values
 

@@ -126,7 +126,9 @@ def test_console_reports_one_line_without_importing_torch(tmp_path):
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("rl-gap: error: --model.init_args.lrr: MetricLearningModule has no")
     (tmp_path / "overlay.yaml").write_text("model:\n  micro_batch_size: true\n")
-    code = code.replace("'--model.init_args.lrr', '1'", f"'--config', {str(tmp_path / 'overlay.yaml')!r}")
+    code = code.replace(
+        "'--model.init_args.lrr', '1'", f"'--config', {str(tmp_path / 'overlay.yaml')!r}"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert out.stdout.split() == ["2", "False", "False"]
