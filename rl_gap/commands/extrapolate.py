@@ -187,7 +187,10 @@ class NormRange:
 
     @property
     def unit(self) -> bool:
-        return abs(self.low - 1.0) <= UNIT_NORM_TOLERANCE and abs(self.high - 1.0) <= UNIT_NORM_TOLERANCE
+        return (
+            abs(self.low - 1.0) <= UNIT_NORM_TOLERANCE
+            and abs(self.high - 1.0) <= UNIT_NORM_TOLERANCE
+        )
 
 
 def _score_range(args, norms: NormRange | None = None) -> tuple[float, float] | None:

@@ -35,7 +35,11 @@ def test_world_designs_lie_in_their_ranges_and_are_deterministic():
     assert len(keys) == len(FAMILIES) * len(SIZES) * 2
     for key in keys:
         spec = world_spec(key)
-        assert spec == world_spec(key) and parse_key(key) == (spec["family"], spec["S"], int(key[-1]))
+        assert spec == world_spec(key) and parse_key(key) == (
+            spec["family"],
+            spec["S"],
+            int(key[-1]),
+        )
         ratio = spec["N"] / spec["S"]
         if spec["family"] in EMBEDDING_FAMILIES:
             assert spec["N"] <= EMBEDDING_MAX_POOL and 8 <= spec["params"]["dim"] <= 512
