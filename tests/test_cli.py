@@ -85,7 +85,6 @@ def test_knn_help_states_the_temperature_default(capsys, monkeypatch):
 
 def test_quiet_on_a_training_command_turns_the_trainer_bar_off(monkeypatch):
     import rl_gap.cli as cli
-
     import rl_gap.training.early_checks as early_checks
 
     seen, checked = [], []

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 import yaml
 from PIL import Image
 from sklearn.metrics import average_precision_score
