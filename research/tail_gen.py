@@ -227,12 +227,16 @@ def _laws(spec: dict, rng: np.random.Generator) -> list:
     out = []
     for _ in range(QUERIES):
         if law == "t":
-            out.append(stats.t(rng.uniform(*spec["nu"]), loc=rng.normal(0, 1), scale=rng.lognormal(0, 0.5)))
+            out.append(
+                stats.t(rng.uniform(*spec["nu"]), loc=rng.normal(0, 1), scale=rng.lognormal(0, 0.5))
+            )
         elif law == "beta":
             a, b = rng.uniform(*spec["a"]), rng.uniform(*spec["b"])
             out.append(stats.beta(a, b, loc=-1.0, scale=2.0))
         elif law == "bump":
-            out.append(_Bump(rng.uniform(*spec["weight"]), rng.uniform(*spec["shift"]), spec["width"]))
+            out.append(
+                _Bump(rng.uniform(*spec["weight"]), rng.uniform(*spec["shift"]), spec["width"])
+            )
         else:
             kind = rng.choice(["t", "norm", "logistic", "gumbel", "beta"])
             if kind == "t":
@@ -383,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", dest="part", choices=("design", "held_out"), default=None)
     p.add_argument("--keys", default=None)
     args = p.parse_args(argv)
-    keys = args.keys.split(",") if args.keys else (split_keys(args.part) if args.part else all_keys())
+    keys = (
+        args.keys.split(",") if args.keys else (split_keys(args.part) if args.part else all_keys())
+    )
     for key in keys:
         t0 = time.perf_counter()
         data = cached(key, args.cache)

@@ -101,7 +101,9 @@ def calibrate(rows: list[dict]) -> tuple[float, float]:
     """The smallest inflation covering ≥ 90% of the rows, and the largest flag half-width
     keeping recall of |err| > FLAG_ERROR ≥ 85% (margins over the 85% / 80% targets)."""
     inflation = next(
-        c for c in torch.arange(0.5, 6.01, 0.05).tolist() if evaluate(rows, c, 1.0)["coverage"] >= 0.9
+        c
+        for c in torch.arange(0.5, 6.01, 0.05).tolist()
+        if evaluate(rows, c, 1.0)["coverage"] >= 0.9
     )
     flag = 0.0
     for t in torch.arange(0.005, 0.2, 0.0025).tolist():

@@ -64,7 +64,9 @@ def _evt_support_with(**config):
     def run(pred: TailPredictor, n: int) -> torch.Tensor:
         top, size = pred.level(-1)
         cfg = dataclasses.replace(pred.config, **config)
-        x, _, _ = estimate_hardness("evt_support", pred.pos_sorted, pred.valid, top, size, None, cfg)
+        x, _, _ = estimate_hardness(
+            "evt_support", pred.pos_sorted, pred.valid, top, size, None, cfg
+        )
         return ap_at_k_from_hardness(pred.j, pred.valid, x, n, pred.k, "plugin")
 
     return run

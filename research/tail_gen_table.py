@@ -1,6 +1,6 @@
 """Tables of the generated-world studies (``research.tail_gen_study``): error by family × S.
 
-    PYTHONPATH=. python -m research.tail_gen_table /tmp/tailgen/held_out.pt
+PYTHONPATH=. python -m research.tail_gen_table /tmp/tailgen/held_out.pt
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ def table(rows: list[dict], names: list[str], by: str = "family") -> str:
             size = "all" if s == 0 else f"{s // 1000}k"
             lines.append(f"{name:<18}{g:<16}{size:>6}   {summary(es)}")
         secs = [r["seconds"][name] for r, _ in errs]
-        lines.append(f"{name:<18}{'time / world':<16}{'':>6}   {sum(secs) / max(len(secs), 1):.2f} s")
+        lines.append(
+            f"{name:<18}{'time / world':<16}{'':>6}   {sum(secs) / max(len(secs), 1):.2f} s"
+        )
     return "\n".join(lines)
 
 

@@ -89,15 +89,17 @@ def test_knn_help_states_the_temperature_default(capsys, monkeypatch):
 
 def test_quiet_on_a_training_command_turns_the_trainer_bar_off(monkeypatch):
     import rl_gap.cli as cli
+    import rl_gap.training.early_checks as early_checks
 
-    seen = []
+    seen, checked = [], []
     monkeypatch.setattr(cli, "run_training_command", lambda argv: seen.append(argv) or 0)
-    # r.yaml is never read: the early checks (which would refuse the missing file) are off
-    monkeypatch.setattr("rl_gap.training.early_checks.early_error", lambda words: None)
+    # the early checks (files exist, keys known) see the words the trainer will get
+    monkeypatch.setattr(early_checks, "early_error", lambda words: checked.append(words))
     words = ["predict", "--config", "r.yaml", "--quiet", "--ckpt_path", "x.ckpt"]
     assert cli.main(words) == 0
     assert seen[-1] == ["predict", "--config", "r.yaml", "--ckpt_path", "x.ckpt",
                         "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    assert checked[-1] == seen[-1]
     # the console script: LightningCLI reads sys.argv, so that is where the words change
     monkeypatch.setattr(sys, "argv", ["rl-gap", *words])
     assert cli.main() == 0

@@ -388,7 +388,10 @@ def _estimate_all(args, estimators, predictor, score_range, progress) -> dict:
         update = progress.stage(f"{name}", len(ESTIMATE_STAGES) - 1)
         est = predictor.estimate(
             name, args.gallery_size, args.rank_law, args.n_boot, nested_boot=args.nested_boot,
-            budget=get_estimator(name).per_positive,
+            # The default's interval already carries the sample's noise; its S/4 · S/2 · S
+            # check (two more predictive-law predictions) is left to predict_map(budget=True).
+            budget=get_estimator(name).per_positive
+            and not get_estimator(name).fixed_query_interval,
             on_stage=lambda stage, update=update: update(ESTIMATE_STAGES.index(stage), stage),
         )  # fmt: skip
         results[name] = est.to_dict()

@@ -295,7 +295,9 @@ def run(args: argparse.Namespace) -> int:
     module = load_module(args.checkpoint, module_class, args.device)
     from rl_gap.data.preprocess import follow_model_preprocess
 
-    follow_model_preprocess(module, bank_set, query_set)  # the checkpoint's backbone's transform
+    follow_model_preprocess(
+        module, bank_set, query_set, quiet=args.quiet
+    )  # the checkpoint's backbone's transform
     too_large = [k for k in args.k if k > len(bank_set)]
     if too_large:
         # the classifier would use the whole bank and report it under the asked k

@@ -190,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
     module = load_module(args.checkpoint, module_class, args.device)
     from rl_gap.data.preprocess import follow_model_preprocess
 
-    follow_model_preprocess(module, train_set, val_set)  # the checkpoint's backbone's transform
+    follow_model_preprocess(
+        module, train_set, val_set, quiet=args.quiet
+    )  # the checkpoint's backbone's transform
     loader = (args.batch_size, args.num_workers, args.device)
     with progress(args.quiet) as bar:
         train = extract_features(module, train_set, *loader, bar, "train features")

@@ -111,13 +111,13 @@ def adopt_model_preprocess(datamodule: Any, model: Any) -> Preprocess | None:
     return datamodule.configure_preprocess(find_preprocess(model))
 
 
-def follow_model_preprocess(model: Any, *datasets: Any) -> Preprocess | None:
+def follow_model_preprocess(model: Any, *datasets: Any, quiet: bool = False) -> Preprocess | None:
     """Rebuild the evaluation transform of ``datasets`` for ``model`` (``rl-gap knn`` and
     ``linear-probe`` load the checkpoint after the recipe's DataModule built its datasets).
 
     A dataset made by a DataModule that follows the model carries it as ``preprocess_owner``;
     the owner's recipe overrides still win. Prints the values in use; returns them (None when
-    no dataset follows a model).
+    no dataset follows a model). ``quiet``: nothing printed (``--quiet``).
     """
     import sys
 
@@ -128,7 +128,7 @@ def follow_model_preprocess(model: Any, *datasets: Any) -> Preprocess | None:
             continue
         used = owner.configure_preprocess(found)
         dataset.transform = eval_transform(used)
-    if used is not None:
+    if used is not None and not quiet:
         print(used.describe(), file=sys.stderr)
     return used
 

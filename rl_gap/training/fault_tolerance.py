@@ -36,7 +36,6 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from rl_gap.training.checkpoint_io import AtomicCheckpointIO, remove_partial_checkpoints
+from rl_gap.training.loader_position import (  # re-exported: Python Trainers import it here
+    RestoreLoaderPosition,  # noqa: F401
+    training_loaders,
+)
 from rl_gap.training.resume import nonfinite_optimizer_error
 from rl_gap.training.run_checkpoint import split_differences
 from rl_gap.training.run_config import (
@@ -326,7 +329,7 @@ class FaultTolerance(Callback):
 def _shielding(hook: Any) -> Any:
     def shielded_loaders() -> Any:
         loaders = hook()
-        for loader in _loaders(loaders):
+        for loader in training_loaders(loaders):
             if isinstance(loader, DataLoader) and loader.num_workers > 0:
                 if not isinstance(loader.worker_init_fn, ShieldedWorkerInit):
                     loader.worker_init_fn = ShieldedWorkerInit(loader.worker_init_fn)
@@ -345,15 +348,3 @@ def _ignore_further_sigterms() -> None:
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def _loaders(iterables: Any) -> list[Any]:
-    if isinstance(iterables, Mapping):
-        return [x for v in iterables.values() for x in _loaders(v)]
-    if isinstance(iterables, (list, tuple)):
-        return [x for v in iterables for x in _loaders(v)]
-    return [] if iterables is None else [iterables]
-
-
-# re-exported: Python Trainers import it from here
-from rl_gap.training.loader_position import RestoreLoaderPosition  # noqa: E402, F401

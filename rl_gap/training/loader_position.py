@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -10,13 +11,16 @@ from lightning.pytorch.callbacks import Callback
 
 from rl_gap.training.checkpoint_io import Stateful
 
-__all__ = ["RestoreLoaderPosition"]
+__all__ = ["RestoreLoaderPosition", "training_loaders"]
 
 
-def _loaders(iterables: Any) -> list[Any]:
-    from rl_gap.training.fault_tolerance import _loaders as flatten
-
-    return flatten(iterables)
+def training_loaders(iterables: Any) -> list[Any]:
+    """The loaders of a (nested) CombinedLoader iterable: mappings and sequences flattened."""
+    if isinstance(iterables, Mapping):
+        return [x for v in iterables.values() for x in training_loaders(v)]
+    if isinstance(iterables, (list, tuple)):
+        return [x for v in iterables for x in training_loaders(v)]
+    return [] if iterables is None else [iterables]
 
 
 class RestoreLoaderPosition(Callback):
@@ -56,7 +60,9 @@ class RestoreLoaderPosition(Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         states, self._states = self._states, []
         resuming, self._resuming = self._resuming, False
-        loaders = [dl for dl in _loaders(trainer.train_dataloader) if isinstance(dl, Stateful)]
+        loaders = [
+            dl for dl in training_loaders(trainer.train_dataloader) if isinstance(dl, Stateful)
+        ]
         if not states:
             if resuming and loaders:
                 warnings.warn(

@@ -128,6 +128,14 @@ def _subcommands_action() -> Any:
 
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     PrivateAPI(
+        "lightning.pytorch.cli:LightningCLI._parse_ckpt_path",
+        ("rl_gap/training/cli.py",),
+        "Lightning replaces the model's settings by those stored in --ckpt_path while parsing; "
+        "a resumed fit must train with the settings its command line states (the resume "
+        "checks allow only changes that are applied), and no public option turns that off",
+        _attr("lightning.pytorch.cli", "LightningCLI._parse_ckpt_path"),
+    ),
+    PrivateAPI(
         "lightning.pytorch.cli:LightningCLI._instantiate_trainer",
         ("rl_gap/training/cli.py",),
         "the one hook between the parsed config and the Trainer: rl-gap adds its fault "

@@ -40,6 +40,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
+from rl_gap.training.loader_position import training_loaders
+
 __all__ = ["ResumeRandomState", "capture_streams", "restore_streams", "loader_seed"]
 
 CHECKPOINT_KEY = "rl_gap_rng"
@@ -94,10 +96,8 @@ def _gather(trainer: L.Trainer, state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _train_loaders(trainer: L.Trainer) -> list[DataLoader]:
-    from rl_gap.training.fault_tolerance import _loaders
-
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
-    found = _loaders(combined.flattened) if combined is not None else []
+    found = training_loaders(combined.flattened) if combined is not None else []
     return [dl for dl in found if isinstance(dl, DataLoader)]
 
 
@@ -181,9 +181,7 @@ class ResumeRandomState(Callback):
 
         def with_private_generator() -> Any:
             loaders = hook()
-            from rl_gap.training.fault_tolerance import _loaders
-
-            for loader in _loaders(loaders):
+            for loader in training_loaders(loaders):
                 if isinstance(loader, DataLoader) and loader.generator is None:
                     loader.generator = self._generator_for(loader, trainer.current_epoch)
             return loaders

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_gap.training.resume import ResumeRefused, newest_readable_checkpoint
+from rl_gap.training.checkpoint_scan import ResumeRefused, newest_readable_checkpoint
 from rl_gap.training.run_config import differing_keys
 from rl_gap.training.run_folder import run_versions
 

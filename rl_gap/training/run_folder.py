@@ -59,7 +59,7 @@ def recorded_seed(ckpt_path: str, root: Path) -> int | None:
 
     Unreadable or foreign checkpoints give None (``check_resume`` reports them).
     """
-    from rl_gap.training.resume import ResumeRefused, newest_readable_checkpoint
+    from rl_gap.training.checkpoint_scan import ResumeRefused, newest_readable_checkpoint
     from rl_gap.training.run_config import load_checkpoint_file
 
     try:

@@ -58,9 +58,9 @@ def test_predict_then_evaluate_end_to_end(trained, tmp_path, recwarn):
         ["predict", "--config", RECIPE, "--ckpt_path", str(ckpt), "--output_dir", str(out),
          "--data.init_args.eval_batch_size", "300", "--trainer.limit_predict_batches", "2", *SMALL]
     )  # fmt: skip
-    # predict runs in a run folder of its own (other overrides): the fit's checkpoint
-    # callback state is not restored into it, so no "dirpath has changed" warning
-    assert Path(cli.trainer.default_root_dir) != ckpt.parent.parent
+    # predict runs in the checkpoint's own run folder; the fit's checkpoint callback
+    # state is not restored (predict saves nothing), so no "dirpath has changed" warning
+    assert Path(cli.trainer.default_root_dir) == ckpt.parent.parent
     assert not [w for w in recwarn if "dirpath has changed" in str(w.message)]
     folder = ckpt.parent.parent / "embeddings" / "test"  # next to the checkpoint's run
     emb, labels = np.load(folder / "embeddings.npy"), np.load(folder / "labels.npy")

@@ -34,12 +34,12 @@ from rl_gap.metrics.tail.registry import get_estimator, resolve_rank_law
 from rl_gap.metrics.tail.results import TailEstimate
 from rl_gap.metrics.tail.rows import RowView, concat_rows, fill_rows, row_slices
 from rl_gap.metrics.tail.sampling import NestedTopK
-from rl_gap.metrics.tail.uncertainty import error_flags, fixed_query_uncertainty
 from rl_gap.metrics.tail.sub_samples import (
     budget_check,
     measured_on_sub_samples,
     prediction_curve,
 )
+from rl_gap.metrics.tail.uncertainty import error_flags, fixed_query_uncertainty
 
 #: The stages :meth:`TailPredictor.estimate` reports to ``on_stage``, in order.
 ESTIMATE_STAGES = ("fit", "interval", "joint bootstrap", "budget", "checks", "done")

@@ -71,7 +71,6 @@ def sample_replicates(
     top, _ = predictor.level(-1)
     keys = predictor.level_keys(-1)
     finite = torch.isfinite(top).to(torch.float64)
-    rows = predictor.query_ok
     out = []
     for b in range(replicates):
         if keys is None:  # each query's kept scores resampled on their own
@@ -130,7 +129,10 @@ def fixed_query_uncertainty(
 
 
 def error_flags(
-    predictor: TailPredictor, gallery_size: int, parts: dict, flag_half_width: float = FLAG_HALF_WIDTH
+    predictor: TailPredictor,
+    gallery_size: int,
+    parts: dict,
+    flag_half_width: float = FLAG_HALF_WIDTH,
 ) -> Diagnostics:
     """Flags of the default prediction, each saying by how much it may be off."""
     out = Diagnostics()

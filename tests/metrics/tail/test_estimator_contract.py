@@ -13,7 +13,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 import torch
 
 from rl_gap.metrics.tail import available_estimators, get_estimator, predict_map

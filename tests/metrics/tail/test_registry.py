@@ -28,7 +28,9 @@ def test_rank_law_is_the_estimators_own_and_predictive_only_for_tail():
     assert resolve_rank_law("tail", None) == "predictive"
     assert resolve_rank_law("evt", None) == "plugin"
     assert resolve_rank_law("count", "poisson") == "poisson"
-    with pytest.raises(ValueError, match="'predictive' is the tail, tail_pooled estimator's, not 'evt'"):
+    with pytest.raises(
+        ValueError, match="'predictive' is the tail, tail_pooled estimator's, not 'evt'"
+    ):
         resolve_rank_law("evt", "predictive")
     with pytest.raises(ValueError, match="unknown rank_law 'nope'"):
         resolve_rank_law("evt", "nope")
