@@ -34,6 +34,18 @@ def test_evaluation_commands_log_to_their_own_run(tmp_path):
         }  # fmt: skip
 
 
+def test_evaluation_with_a_training_id_and_a_group_of_the_users_own(tmp_path):
+    """The user's ``--wandb_group`` wins over the training run's group; the training run
+    stays findable through the config, whatever group the evaluation lands in."""
+    ckpt = str(tmp_path / "checkpoints" / "last.ckpt")
+    (tmp_path / "wandb_group").write_text("train-group\n")
+    mine = wandb_run_for("validate", tmp_path, ckpt, "1234abcd", group="ablation-7")
+    assert mine.group == "ablation-7" and mine.id != "1234abcd" and not mine.resume
+    assert mine.config["eval.training_run_id"] == "1234abcd"
+    # without one, the evaluation joins the group the training run recorded
+    assert wandb_run_for("validate", tmp_path, ckpt, "1234abcd").group == "train-group"
+
+
 def test_system_metrics_and_console_stay_on():
     settings = _wandb_settings()
     assert settings.x_disable_stats is False
