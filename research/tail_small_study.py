@@ -30,7 +30,7 @@ from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts, ap_at_k_from_hardn
 EXCESSES = (10, 15, 20, 30, 50, 75, 100, 150, 200, 400)
 
 
-def run_world(key: str, cache: str) -> dict:
+def run_world(key: str, cache: str, estimators: tuple[str, ...] = ()) -> dict:
     data = small_pool(key, cache)
     s, kind, index = parse_key(key)
     params = small_params(s, kind, index)
@@ -56,6 +56,19 @@ def run_world(key: str, cache: str) -> dict:
     est = pred.estimate(DEFAULT_ESTIMATOR, N, n_boot=1000)
     default_s = time.perf_counter() - t0
     sampled, _, _ = pred.hardness("count")
+    others = {}
+    for name in estimators:
+        t0 = time.perf_counter()
+        other = pred.estimate(name, N, n_boot=1000, diagnose=False)
+        seconds = time.perf_counter() - t0
+        checked = pred.estimate(name, N, n_boot=1000)  # its checks, untimed
+        others[name] = {
+            "map": other.map,
+            "ci": other.ci,
+            "ci_total": checked.ci_total,
+            "flags": checked.flags,
+            "seconds": seconds,
+        }
     return {
         "key": key,
         "S": pred.sample_size,
@@ -77,6 +90,7 @@ def run_world(key: str, cache: str) -> dict:
             "diagnostics": est.diagnostics.as_dict(),
         },
         "seconds": {"fits": fit_s, "default": default_s},
+        "estimators": others,
     }
 
 
@@ -85,15 +99,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default="/tmp/tailsmall")
     p.add_argument("--split", choices=("design", "held_out"), required=True)
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--estimators",
+        default="",
+        help="also these estimators (comma-separated; timed without their checks)",
+    )
+    p.add_argument("--sizes", default=None, help="only these sample sizes, e.g. 10k,20k")
     args = p.parse_args(argv)
+    estimators = tuple(e.strip() for e in args.estimators.split(",") if e.strip())
+    keys = load_small_split()[args.split]
+    if args.sizes:
+        keys = [k for k in keys if k.rpartition("-S")[2] in args.sizes.split(",")]
     rows = []
-    for key in load_small_split()[args.split]:
-        row = run_world(key, args.cache)
+    for key in keys:
+        row = run_world(key, args.cache, estimators)
         rows.append(row)
         d = row["default"]
         print(
             f"{key:>16}: truth {row['truth']:.4f}  count {row['per_query']['count'].nanmean():.4f}"
-            f"  default {d['map']:.4f} ({len(d['flags'])} flags)  {row['seconds']['default']:.1f} s",
+            f"  default {d['map']:.4f} ({len(d['flags'])} flags)  {row['seconds']['default']:.1f} s"
+            + "".join(f"  {n} {o['map']:.4f}" for n, o in row["estimators"].items()),
             flush=True,
         )
         torch.save(rows, args.out)

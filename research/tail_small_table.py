@@ -1,6 +1,9 @@
 """The small-sample study's table per sample size (``research.tail_small_study`` output).
 
 PYTHONPATH=. .venv/bin/python -m research.tail_small_table /tmp/tailsmall/held_out.pt
+
+``--estimators``: the table of the estimators a ``--estimators`` study run added
+(coverage of each one's ``ci`` and ``ci_total``; time without its checks).
 """
 
 from __future__ import annotations
@@ -68,13 +71,45 @@ def per_world(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def estimators_table(rows: list[dict]) -> str:
+    """Per sample size and added estimator: mean |err|, bias, worst world, ``ci`` coverage, time."""
+    lines = [
+        "| S | estimator | mean abs err | bias | worst world | coverage (ci) "
+        "| coverage (ci_total) | flagged | s / world |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    names = list(rows[0]["estimators"]) if rows else []
+    for size in ("10k", "20k", "100k"):
+        group = [r for r in rows if size_of(r) == size]
+        for name in names if group else ():
+            cells = [r["estimators"][name] for r in group]
+            e = [c["map"] - r["truth"] for r, c in zip(group, cells)]
+            worst = max(range(len(e)), key=lambda i: abs(e[i]))
+            cov = sum(c["ci"][0] <= r["truth"] <= c["ci"][1] for r, c in zip(group, cells))
+            tot = sum(
+                c["ci_total"][0] <= r["truth"] <= c["ci_total"][1] for r, c in zip(group, cells)
+            )
+            flagged = sum(bool(c["flags"]) for c in cells)
+            secs = sum(c["seconds"] for c in cells) / len(cells)
+            lines.append(
+                f"| {size} | `{name}` | {sum(map(abs, e)) / len(e):.4f} | {sum(e) / len(e):+.4f} "
+                f"| {group[worst]['key']} {e[worst]:+.3f} | {cov}/{len(group)} "
+                f"| {tot}/{len(group)} | {flagged}/{len(group)} | {secs:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results")
     p.add_argument("--worlds", action="store_true", help="also the per-world errors")
+    p.add_argument("--estimators", action="store_true", help="also the added estimators' table")
     args = p.parse_args(argv)
     rows = torch.load(args.results)
     print(table(rows))
+    if args.estimators:
+        print()
+        print(estimators_table(rows))
     if args.worlds:
         print()
         print(per_world(rows))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-NAMES = ("sample", "count", "evt", "evt_support", "evt@50", "evt-avg", "tail")
+NAMES = ("sample", "count", "evt", "evt_support", "evt@50", "evt-avg", "tail", "tail_pooled")
 
 
 def _covered(r: dict, cell: dict, key: str) -> bool:
@@ -43,7 +43,10 @@ def table(rows: list[dict]) -> list[str]:
                 else "–"
             )
             fk = {"evt": "flags", "evt_support": "flags_support"}.get(name)
-            flagged = f"{sum(bool(r[fk]) for r, _ in cells)}/{len(cells)}" if fk else "–"
+            if fk and all(fk in r for r, _ in cells):
+                flagged = f"{sum(bool(r[fk]) for r, _ in cells)}/{len(cells)}"
+            else:
+                flagged = "–"
             seconds = sum(c["seconds"] for _, c in cells) / len(cells)
             out.append(
                 f"| {label} ({len(cells)}) | {name} | {sum(map(abs, errs)) / len(errs):.4f} | "
@@ -56,6 +59,8 @@ def table(rows: list[dict]) -> list[str]:
 def flag_lines(rows: list[dict]) -> list[str]:
     out = []
     for name, fk in (("evt", "flags"), ("evt_support", "flags_support")):
+        if not all(name in r and fk in r for r in rows):
+            continue  # a run without diagnostics (--no-diag)
         parts = []
         for label, keep in (
             ("|err| > 0.03", lambda e: e > 0.03),
