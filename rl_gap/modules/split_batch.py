@@ -18,16 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-
-def split_batch_error(setting: str, factor: int) -> str:
-    """The one-line refusal of a setting that splits each batch into ``factor`` parts."""
-    return (
-        f"{setting}={factor} would split each batch into {factor} parts ranked separately "
-        f"by the loss ({factor} lists of B/{factor} instead of one list of B: a different "
-        f"objective than the recipe's); for the same objective on less memory set "
-        f"--model.micro_batch_size M (exact gradient caching), or pass "
-        f"--model.allow_split_batch true to train on split batches anyway"
-    )
+from rl_gap.modules.batch_settings import split_batch_error
 
 
 def split_batch_setting(trainer: Any) -> tuple[str, int] | None:

@@ -381,15 +381,6 @@ def _split_batch_error(recipe: Mapping[str, Any], given: Mapping[str, Any]) -> s
         allow = given.get(key, allow)
     if allow is True:
         return None
-    return split_batch_message("trainer.accumulate_grad_batches", factor)
+    from rl_gap.modules.batch_settings import split_batch_error
 
-
-def split_batch_message(setting: str, factor: int) -> str:
-    """The one-line refusal of gradient accumulation for a ranking loss."""
-    return (
-        f"{setting}={factor} would split each batch into {factor} parts ranked separately "
-        f"by the loss ({factor} lists of B/{factor} instead of one list of B: a different "
-        f"objective than the recipe's); for the same objective on less memory set "
-        f"--model.micro_batch_size M (exact gradient caching), or pass "
-        f"--model.allow_split_batch true to train on split batches anyway"
-    )
+    return split_batch_error("trainer.accumulate_grad_batches", factor)

@@ -162,7 +162,7 @@ def _print_config_requested(parser: Any) -> bool:
 
 def _split_batch_error(cfg: Any, prefix: str) -> str | None:
     """Gradient accumulation would hand a ranking loss parts of its batch (and no opt-in)."""
-    from rl_gap.training.early_checks import split_batch_message as split_batch_error
+    from rl_gap.modules.batch_settings import split_batch_error
 
     try:
         factor = cfg.get(f"{prefix}trainer.accumulate_grad_batches")
