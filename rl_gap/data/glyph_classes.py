@@ -102,6 +102,7 @@ class GlyphClassesDataModule(MetricLearningDataModule):
     """
 
     MEAN, STD = 0.9, 0.25  # white canvas, thin black strokes: inputs near zero mean, unit scale
+    follows_model = False  # in memory, normalised once with the glyphs' own statistics
 
     def __init__(
         self,

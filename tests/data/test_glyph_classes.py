@@ -95,3 +95,21 @@ def test_bad_settings_are_one_line_errors():
         GlyphClassesDataModule(canvas=4)
     with pytest.raises(FileNotFoundError, match="DejaVu core fonts"):
         GlyphClassesDataModule(font_dir="/nonexistent")
+
+
+def test_glyphs_keep_their_own_normalisation_whatever_the_model():
+    """In-memory glyphs are normalised once, (x / 255 - 0.9) / 0.25: a backbone's data config
+    (ImageNet mean/std for rl_gap_convnet) is neither applied nor announced."""
+    from rl_gap.data.preprocess import adopt_model_preprocess
+    from rl_gap.modules import MetricLearningModule
+
+    dm = GlyphClassesDataModule(train_classes=6, test_classes=3, train_renders=2, test_renders=2,
+                                canvas=16, batch_size=8, m_per_class=2)  # fmt: skip
+    model = MetricLearningModule(backbone="rl_gap_convnet", backbone_kwargs={"width": 4},
+                                 in_chans=1, dim=8, eval_plots=False)  # fmt: skip
+    assert adopt_model_preprocess(dm, model) is None
+    dm.setup("fit")
+    pixels = dm.datasets["train"].images
+    # white canvas and black ink, mapped by the glyphs' own statistics
+    assert pixels.max().item() == pytest.approx((1 - 0.9) / 0.25, abs=1e-6)
+    assert pixels.min().item() == pytest.approx((0 - 0.9) / 0.25, abs=1e-6)
