@@ -116,13 +116,22 @@ def _spawn(folder: Path, world: int = 2) -> list[dict]:
         start_method="spawn",
     )  # fmt: skip
     deadline = time.monotonic() + 240
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:  # a hung rank: stop the workers this test started
-                if process.is_alive():
-                    process.terminate()
-            pytest.fail("a sharded evaluation rank hung")
-    return [torch.load(folder / f"rank{r}.pt") for r in range(world)]
+    files = [folder / f"rank{r}.pt" for r in range(world)]
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in ctx.processes:  # a hung rank: stop the workers this test started
+                    if process.is_alive():
+                        process.terminate()
+                pytest.fail("a sharded evaluation rank hung")
+    except mp.ProcessExitedException as err:
+        # Every rank saves its result before the group's teardown; gloo can abort a rank
+        # inside destroy_process_group when its peer has already gone ("terminate called
+        # without an active exception"). Only such an abort, after every result was
+        # written, is not a failure of the evaluation under test.
+        if not (err.signal_name == "SIGABRT" and all(f.is_file() for f in files)):
+            raise
+    return [torch.load(f) for f in files]
 
 
 def _equal(a, b, path: str = "") -> list[str]:
