@@ -21,6 +21,7 @@ A loss then fills in :meth:`RankingLoss._loss` (and, when it has a sharded form,
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import torch
@@ -33,7 +34,7 @@ from rl_gap.losses.sharding.rows import no_positive
 NO_POSITIVE = "batch has no valid positive pair"
 
 
-class RankingLoss(nn.Module):
+class RankingLoss(nn.Module, abc.ABC):
     """Base class of the batch-matrix losses: the template :meth:`forward`.
 
     Subclasses implement :meth:`_loss` and, to be shardable, :meth:`_loss_sharded`;
@@ -83,10 +84,10 @@ class RankingLoss(nn.Module):
             return f"{type(self).__name__} has no sharded implementation"
         return None
 
+    @abc.abstractmethod
     def _loss(self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """The loss of checked (Q, D) inputs (with a valid positive unless ``needs_positive``
         is False)."""
-        raise NotImplementedError(f"{type(self).__name__} does not define _loss")
 
     def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor

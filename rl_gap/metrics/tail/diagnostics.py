@@ -233,15 +233,23 @@ def check_sample_thresholds(predictor, gallery_size: int, noise: float, out: Dia
             f"threshold-unstable: mAP@{predictor.k} moves by {moved:.3f} between "
             f"{min(maps)} and {max(maps)} exceedances (query noise {noise:.3f})"
         )
+    check_bump(
+        out, predictor, gallery_size,
+        lambda share, bound: f"bump above the tail: {share:.0%} of queries have a sampled score "
+        "the fitted tail makes improbable (rare near-copies? the pool holds N/S times more); "
+        f"if every query had them above its positives: mAP@{predictor.k} {bound:.3f}",
+    )  # fmt: skip
+
+
+def check_bump(out, predictor, gallery_size: int, describe) -> None:
+    """Record the share of queries whose top sampled score stands apart from their tail, and
+    when it passes ``OUTLIER_SHARE`` flag it with ``describe(share, bound)``, ``bound`` the
+    mAP@k of :func:`bump_bound` (each estimator words the flag its own way)."""
     share = tail_outlier_share(predictor)
     out.outlier_share = share
     if share > OUTLIER_SHARE:
         out.bump_bound = bump_bound(predictor, gallery_size, share)
-        out.flags.append(
-            f"bump above the tail: {share:.0%} of queries have a sampled score the fitted "
-            "tail makes improbable (rare near-copies? the pool holds N/S times more); "
-            f"if every query had them above its positives: mAP@{predictor.k} {out.bump_bound:.3f}"
-        )
+        out.flags.append(describe(share, out.bump_bound))
 
 
 def bump_bound(predictor, gallery_size: int, share: float) -> float:

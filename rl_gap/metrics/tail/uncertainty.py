@@ -34,12 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl_gap.metrics.tail.diagnostics import (
-    OUTLIER_SHARE,
-    Diagnostics,
-    bump_bound,
-    tail_outlier_share,
-)
+from rl_gap.metrics.tail.diagnostics import Diagnostics, check_bump
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
 from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
@@ -145,13 +140,10 @@ def error_flags(
             f"{parts['sample_sd']:.3f}) and the tail threshold (moves {parts['threshold_move']:.3f})"
             f" give ±{parts['half_width']:.3f}"
         )
-    share = tail_outlier_share(predictor)
-    out.outlier_share = share
-    if share > OUTLIER_SHARE:
-        out.bump_bound = bump_bound(predictor, gallery_size, share)
-        out.flags.append(
-            f"may be off by more than {FLAG_ERROR:.2f}: {share:.0%} of queries have a top sampled "
-            "score apart from their tail (rare near-copies? the pool holds N/S times more); if "
-            f"every query had them above its positives: mAP@{predictor.k} {out.bump_bound:.3f}"
-        )
+    check_bump(
+        out, predictor, gallery_size,
+        lambda share, bound: f"may be off by more than {FLAG_ERROR:.2f}: {share:.0%} of queries "
+        "have a top sampled score apart from their tail (rare near-copies? the pool holds N/S "
+        f"times more); if every query had them above its positives: mAP@{predictor.k} {bound:.3f}",
+    )  # fmt: skip
     return out
