@@ -58,6 +58,7 @@ __all__ = [
     "all_gather_ragged",
     "gather_with_grad",
     "gather_no_grad",
+    "unique_by_index",
     "local_slice",
     "reduce_statistic",
     "reduce_partials",
@@ -217,6 +218,27 @@ def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return x
     return torch.cat(_gather_parts(x, _sizes(x.shape[0], x.device, count=False)))
+
+
+def unique_by_index(index: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Rows of ``values`` sorted by the (N,) dataset ``index``, one per distinct index.
+
+    A padding sampler (``DistributedSampler``) repeats items so that every rank gets as
+    many; after a gather each item must count once. The first copy of an index is kept.
+
+    Args:
+        index: (N,) integer dataset index of each row.
+        *values: tensors with N rows (pass ``index`` again to get the kept indices).
+
+    Returns:
+        One tensor per ``values``, (U, ...) for the U distinct indices in increasing order.
+    """
+    order = torch.argsort(index, stable=True)
+    index = index[order]
+    keep = torch.ones_like(index, dtype=torch.bool)
+    keep[1:] = index[1:] != index[:-1]
+    order = order[keep]
+    return tuple(v[order] for v in values)
 
 
 def local_slice(n_local: int, device: torch.device | None = None) -> slice:

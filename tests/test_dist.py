@@ -1,5 +1,6 @@
 """``rl_gap.dist`` on 2 gloo processes with ragged rows (3 + 1): one gather serves the
-plain, counted and differentiable forms; reductions and the byte counter."""
+plain, counted and differentiable forms; reductions and the byte counter; dropping the
+padding sampler's repeated items."""
 
 from __future__ import annotations
 
@@ -86,3 +87,27 @@ def test_one_process_gathers_are_identities_and_sharded_calls_need_a_group():
         dist.all_gather_ragged(x)
     with pytest.raises(ValueError, match="all_reduce op must be one of"):
         dist.all_reduce(x, "mean")
+
+
+def test_unique_by_index_drops_padding_duplicates():
+    from rl_gap.dist import unique_by_index
+
+    emb = torch.arange(10.0).reshape(5, 2)
+    index = torch.tensor([2, 0, 1, 2, 3])
+    e, y, i = unique_by_index(index, emb, torch.tensor([7, 8, 9, 7, 8]), index)
+    assert i.tolist() == [0, 1, 2, 3] and y.tolist() == [8, 9, 7, 8]
+    assert torch.equal(e[2], emb[0])
+
+
+def test_unique_by_index_keeps_one_copy_in_index_order():
+    from rl_gap.dist import unique_by_index
+
+    indices = torch.tensor([3, 0, 2, 0, 1, 3])  # a padding sampler repeats items 0 and 3
+    embeddings = indices[:, None].float() * torch.ones(1, 2)
+    emb, labels, kept = unique_by_index(indices, embeddings, indices * 10, indices)
+    assert kept.tolist() == [0, 1, 2, 3] and labels.tolist() == [0, 10, 20, 30]
+    assert emb[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    index = torch.tensor([2, 0, 1, 0, 2])  # DistributedSampler padding repeats 0 and 2
+    values = torch.tensor([20.0, 0.0, 10.0, 0.0, 20.0])
+    (kept,) = unique_by_index(index, values)
+    assert kept.tolist() == [0.0, 10.0, 20.0]

@@ -39,18 +39,6 @@ from rl_gap.metrics.knn import leave_one_out_knn_accuracy
 log = logging.getLogger(__name__)
 
 
-def unique_by_index(
-    embeddings: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort by dataset index and keep one copy of each (padding samplers repeat items)."""
-    order = torch.argsort(indices, stable=True)
-    indices = indices[order]
-    keep = torch.ones_like(indices, dtype=torch.bool)
-    keep[1:] = indices[1:] != indices[:-1]
-    order = order[keep]
-    return embeddings[order], labels[order], indices[keep]
-
-
 def _engine_problem(embeddings: torch.Tensor, labels: torch.Tensor, query_positions):
     """``evaluate_embeddings`` arguments of an evaluation split: every item a leave-one-out
     query (``query_positions`` None), or those rows as queries against the whole split."""
@@ -216,9 +204,8 @@ class RetrievalEvaluation(Callback):
             labels = indices = torch.zeros(0, dtype=torch.long)
         emb, labels, indices = (t.to(device) for t in (emb, labels, indices))
         self._outputs = []
-        return unique_by_index(
-            dist.gather_no_grad(emb), dist.gather_no_grad(labels), dist.gather_no_grad(indices)
-        )
+        emb, labels, indices = (dist.gather_no_grad(t) for t in (emb, labels, indices))
+        return dist.unique_by_index(indices, emb, labels, indices)
 
     def _query_positions(self, trainer: L.Trainer, stage: str, indices: torch.Tensor):
         datamodule = getattr(trainer, "datamodule", None)

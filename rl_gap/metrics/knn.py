@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from rl_gap.dist import unique_by_index
 from rl_gap.precision import autocast_disabled
 
 
@@ -166,15 +167,6 @@ def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, top_k=(1, 5)) -> d
         f"top{t}": float(hits[:, : min(t, scores.shape[1])].any(dim=1).double().mean())
         for t in top_k
     }
-
-
-def unique_by_index(index: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Rows of ``values`` sorted by (N,) ``index``, one per distinct index (its first copy)."""
-    order = torch.argsort(index, stable=True)
-    index = index[order]
-    keep = torch.ones_like(index, dtype=torch.bool)
-    keep[1:] = index[1:] != index[:-1]
-    return tuple(v[order][keep] for v in values)
 
 
 class WeightedKNNAccuracy(Metric):

@@ -52,15 +52,6 @@ def caption_group_relevance(image_groups: torch.Tensor, text_groups: torch.Tenso
     return image_groups.view(-1, 1) == text_groups.view(1, -1)
 
 
-def dedupe_by_index(index: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Sort rows by dataset index and drop repeats (DDP samplers pad with duplicates)."""
-    order = torch.argsort(index, stable=True)
-    index = index[order]
-    keep = torch.ones_like(index, dtype=torch.bool)
-    keep[1:] = index[1:] != index[:-1]
-    return tuple(v[order][keep] for v in values)
-
-
 class CLIPFineTuneModule(RankingModule):
     """Fine-tune an open_clip model with a registry ranking loss.
 
@@ -267,7 +258,7 @@ class CLIPFineTuneModule(RankingModule):
         emb = dist.gather_no_grad(torch.cat(buffer["emb"]))
         labels = dist.gather_no_grad(torch.cat(buffer["label"]))
         index = dist.gather_no_grad(torch.cat(buffer["index"]))
-        return dedupe_by_index(index, emb, labels)
+        return dist.unique_by_index(index, emb, labels)
 
     def _text_tower_version(self) -> tuple:
         """Changes whenever a text-tower weight does (optimizer step, checkpoint load, move)."""

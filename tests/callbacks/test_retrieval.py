@@ -122,16 +122,6 @@ def test_rank0_evaluation_error_fails_every_rank(tmp_path):
     assert "NaN" in outcome["poisoned1"]
 
 
-def test_unique_by_index_keeps_one_copy_in_index_order():
-    from rl_gap.callbacks.retrieval import unique_by_index
-
-    indices = torch.tensor([3, 0, 2, 0, 1, 3])  # a padding sampler repeats items 0 and 3
-    embeddings = indices[:, None].float() * torch.ones(1, 2)
-    emb, labels, kept = unique_by_index(embeddings, indices * 10, indices)
-    assert kept.tolist() == [0, 1, 2, 3] and labels.tolist() == [0, 10, 20, 30]
-    assert emb[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
-
-
 def test_query_subset_map_and_recall_over_every_item():
     """mAP over the query rows (each without itself), R@1 over every item leave-one-out."""
     import numpy as np

@@ -17,10 +17,7 @@ from rl_gap.models.clip import (
     resolve_model_config,
     tiny_clip_config,
 )
-from rl_gap.modules.clip_finetune import (
-    caption_group_relevance,
-    dedupe_by_index,
-)
+from rl_gap.modules.clip_finetune import caption_group_relevance
 from tests.models.clip_helpers import CAPTIONS, tiny_module
 
 
@@ -160,13 +157,9 @@ def test_symmetric_infonce_step_equals_open_clip_cliploss(saved_checkpoint):
     torch.testing.assert_close(ours.detach(), reference, rtol=1e-5, atol=1e-6)
 
 
-def test_relevance_and_dedupe_helpers():
+def test_caption_group_relevance():
     rel = caption_group_relevance(torch.tensor([0, 1]), torch.tensor([1, 0, 0]))
     assert rel.tolist() == [[False, True, True], [True, False, False]]
-    index = torch.tensor([2, 0, 1, 0, 2])  # DistributedSampler padding repeats 0 and 2
-    values = torch.tensor([20.0, 0.0, 10.0, 0.0, 20.0])
-    (kept,) = dedupe_by_index(index, values)
-    assert kept.tolist() == [0.0, 10.0, 20.0]
 
 
 def test_fill_template_and_batch_errors():

@@ -7,7 +7,7 @@ import torch
 from sklearn.metrics import average_precision_score, precision_recall_curve
 
 from rl_gap.callbacks.curves import global_pr_curve, per_query_best_thresholds
-from rl_gap.callbacks.retrieval import evaluation_metrics, retrieval_state, unique_by_index
+from rl_gap.callbacks.retrieval import evaluation_metrics, retrieval_state
 from rl_gap.data.metric_learning import MNISTDemoDataModule
 from rl_gap.metrics.functional.suite import metrics_from_state
 from rl_gap.models.encoder import EmbeddingEncoder
@@ -82,13 +82,6 @@ def test_loss_swap_is_one_key():
     )
     with pytest.raises(ValueError, match="unknown loss"):
         MetricLearningModule(**TINY, loss={"name": "gsapp"})
-
-
-def test_unique_by_index_drops_padding_duplicates():
-    emb = torch.arange(10.0).reshape(5, 2)
-    e, y, i = unique_by_index(emb, torch.tensor([7, 8, 9, 7, 8]), torch.tensor([2, 0, 1, 2, 3]))
-    assert i.tolist() == [0, 1, 2, 3] and y.tolist() == [8, 9, 7, 8]
-    assert torch.equal(e[2], emb[0])
 
 
 def _reference_metrics(scores, rel, valid):
