@@ -217,6 +217,17 @@ def resolve_sources(args: argparse.Namespace) -> tuple[str, tuple[Dataset, Datas
     return module_class_for(args), evaluation_datasets(args)
 
 
+def load_sources(args: argparse.Namespace) -> tuple[str, Any, tuple[Dataset, Dataset]]:
+    """(module class path, module in eval mode, (training images, evaluated images)) from
+    the command line, the images transformed as the checkpoint's backbone expects."""
+    from rl_gap.data.preprocess import follow_model_preprocess
+
+    module_class, (train_set, eval_set) = resolve_sources(args)
+    module = load_module(args.checkpoint, module_class, args.device)
+    follow_model_preprocess(module, train_set, eval_set, quiet=args.quiet)
+    return module_class, module, (train_set, eval_set)
+
+
 def evaluation_datasets(args: argparse.Namespace) -> tuple[Dataset, Dataset]:
     """(training images, evaluated images), evaluation transform, ``{"image", "label"}`` items."""
     if args.data == "mnist5k":
@@ -291,13 +302,7 @@ def run(args: argparse.Namespace) -> int:
     check_ks(args.k, "--k")
     if args.temperature <= 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
-    module_class, (bank_set, query_set) = resolve_sources(args)
-    module = load_module(args.checkpoint, module_class, args.device)
-    from rl_gap.data.preprocess import follow_model_preprocess
-
-    follow_model_preprocess(
-        module, bank_set, query_set, quiet=args.quiet
-    )  # the checkpoint's backbone's transform
+    module_class, module, (bank_set, query_set) = load_sources(args)
     too_large = [k for k in args.k if k > len(bank_set)]
     if too_large:
         # the classifier would use the whole bank and report it under the asked k

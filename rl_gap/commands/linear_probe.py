@@ -32,8 +32,7 @@ from rl_gap.commands.knn import (
     add_source_arguments,
     emit,
     extract_features,
-    load_module,
-    resolve_sources,
+    load_sources,
 )
 from rl_gap.commands.progress import progress
 from rl_gap.optim import check_optimizer_settings
@@ -186,13 +185,7 @@ def run(args: argparse.Namespace) -> int:
     for option, value in (("--epochs", args.epochs), ("--probe-batch-size", args.probe_batch_size)):
         if value < 1:
             raise ValueError(f"{option} must be >= 1, got {value}")
-    module_class, (train_set, val_set) = resolve_sources(args)
-    module = load_module(args.checkpoint, module_class, args.device)
-    from rl_gap.data.preprocess import follow_model_preprocess
-
-    follow_model_preprocess(
-        module, train_set, val_set, quiet=args.quiet
-    )  # the checkpoint's backbone's transform
+    module_class, module, (train_set, val_set) = load_sources(args)
     loader = (args.batch_size, args.num_workers, args.device)
     with progress(args.quiet) as bar:
         train = extract_features(module, train_set, *loader, bar, "train features")

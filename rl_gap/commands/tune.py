@@ -97,21 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stage", choices=("all", "search", "final"), default="all", help="what to run"
     )
-    parser.add_argument(
-        "--trial-command",
-        default=None,
-        help='run each training as a child process: this command + "fit ..." '
-        '(e.g. "torchrun --nproc_per_node 8 -m rl_gap.cli"); default: in this process',
-    )
-    parser.add_argument(
-        "--overrides", default="", help='rl-gap fit overrides for every run, e.g. "--trainer.max_epochs 2"'
-    )  # fmt: skip
+    Runner.add_arguments(parser, grouping="grouped by --name")
     parser.add_argument("--search-overrides", default="", help="overrides for the trials only")
     parser.add_argument("--final-overrides", default="", help="overrides for the final runs only")
-    parser.add_argument(
-        "--wandb", choices=("auto", "online", "offline", "off"), default="auto",
-        help="W&B logging of every run, grouped by --name (auto: offline without an API key)",
-    )  # fmt: skip
     add_quiet_argument(parser)  # one stderr line per finished trial / seed
 
 
@@ -329,12 +317,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output or Path("runs") / "tune" / args.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     storage = open_storage(args.storage or f"sqlite:///{out / 'optuna.db'}")
-    runner = Runner(
-        command=Runner.parse_command(args.trial_command),
-        wandb=args.wandb,
-        group=args.name,
-        overrides=shlex.split(args.overrides),
-    )
+    runner = Runner.from_args(args, args.name)
     labels = row_labels(args.recipes)
     start = time.perf_counter()
     summary, runs = [], []

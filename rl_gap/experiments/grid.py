@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shlex
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rl_gap.experiments.runner import Runner, data_accepts
-from rl_gap.experiments.tables import metric_row
+from rl_gap.experiments.tables import aggregate, metric_row, write_csv
 
 
 @dataclass(frozen=True)
@@ -44,19 +44,7 @@ def add_grid_arguments(parser: argparse.ArgumentParser, recipes: Sequence[str]) 
     parser.add_argument("--num-seeds", type=int, default=3, help="seeds per setting")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument("--output", default=None, help="output folder")
-    parser.add_argument(
-        "--overrides", default="", help='rl-gap fit overrides for every run, e.g. "--trainer.max_epochs 2"'
-    )  # fmt: skip
-    parser.add_argument(
-        "--trial-command",
-        default=None,
-        help='run each training as a child process: this command + "fit ..." '
-        '(e.g. "torchrun --nproc_per_node 8 -m rl_gap.cli"); default: in this process',
-    )
-    parser.add_argument(
-        "--wandb", choices=("auto", "online", "offline", "off"), default="auto",
-        help="W&B logging of every run, one group per sweep (auto: offline without an API key)",
-    )  # fmt: skip
+    Runner.add_arguments(parser, grouping="one group per sweep")
 
 
 VAL_SPLIT_KEY = "val_split"
@@ -83,12 +71,7 @@ def runner_from_args(args: argparse.Namespace, group: str) -> Runner:
             f"--overrides sets {VAL_SPLIT_KEY}: this protocol reports the test split, so every "
             f"run gets {VAL_SPLIT_KEY} 0 (search on a validation split with rl-gap tune)"
         )
-    return Runner(
-        command=Runner.parse_command(args.trial_command),
-        wandb=args.wandb,
-        group=group,
-        overrides=shlex.split(args.overrides),
-    )
+    return Runner.from_args(args, group)
 
 
 def run_grid(
@@ -102,6 +85,34 @@ def run_grid(
             metrics = runner.run(setting.recipe, run_dir, seed, list(setting.overrides))
             rows.append({**setting.labels, "seed": seed, **metric_row(metrics)})
     return rows
+
+
+def sweep(
+    args: argparse.Namespace,
+    settings: Sequence[Setting],
+    output: Path,
+    name: str,
+    group: str,
+    by: Sequence[str],
+) -> tuple[list[dict[str, Any]], float]:
+    """A sweep of :func:`add_grid_arguments`'s command line: every setting with the seeds
+    ``--seed, --seed + 1, ...`` (``--num-seeds``), W&B runs in ``group``.
+
+    Writes ``<name>_runs.csv`` (one row per run) and ``<name>.csv`` (mean ± std per
+    distinct ``by`` labels, :func:`~rl_gap.experiments.tables.aggregate`) to ``output``.
+
+    Returns:
+        The aggregated rows and the wall time in seconds.
+    """
+    runner = runner_from_args(args, group)
+    seeds = [args.seed + i for i in range(args.num_seeds)]
+    start = time.perf_counter()
+    rows = run_grid(runner, settings, output, seeds)
+    seconds = time.perf_counter() - start
+    agg = aggregate(rows, by)
+    write_csv(output / f"{name}_runs.csv", rows)
+    write_csv(output / f"{name}.csv", agg)
+    return agg, seconds
 
 
 @dataclass(frozen=True)

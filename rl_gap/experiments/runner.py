@@ -20,6 +20,7 @@ run's seed.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import inspect
@@ -131,6 +132,34 @@ class Runner:
     group: str | None = None
     overrides: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, grouping: str) -> None:
+        """The options a Runner is built from (``--overrides``, ``--trial-command``,
+        ``--wandb``); ``grouping`` says how the W&B runs are grouped."""
+        parser.add_argument(
+            "--overrides", default="", help='rl-gap fit overrides for every run, e.g. "--trainer.max_epochs 2"'
+        )  # fmt: skip
+        parser.add_argument(
+            "--trial-command",
+            default=None,
+            help='run each training as a child process: this command + "fit ..." '
+            '(e.g. "torchrun --nproc_per_node 8 -m rl_gap.cli"); default: in this process',
+        )
+        parser.add_argument(
+            "--wandb", choices=("auto", "online", "offline", "off"), default="auto",
+            help=f"W&B logging of every run, {grouping} (auto: offline without an API key)",
+        )  # fmt: skip
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, group: str) -> Runner:
+        """The Runner of the options :meth:`add_arguments` added, its W&B runs in ``group``."""
+        return cls(
+            command=cls.parse_command(args.trial_command),
+            wandb=args.wandb,
+            group=group,
+            overrides=shlex.split(args.overrides),
+        )
 
     @staticmethod
     def parse_command(text: str | None) -> list[str] | None:

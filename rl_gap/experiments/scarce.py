@@ -21,24 +21,15 @@ the same number of steps (by default an epoch is one pass over the subset).
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from rl_gap.experiments.grid import (
-    Setting,
-    add_grid_arguments,
-    on_test_split,
-    run_grid,
-    runner_from_args,
-)
+from rl_gap.experiments.grid import Setting, add_grid_arguments, on_test_split, sweep
 from rl_gap.experiments.runner import data_accepts, recipe_loss
 from rl_gap.experiments.tables import (
     RANKING_RULE,
-    aggregate,
     pivot_table,
     ranking_lines,
     settings_metrics_table,
-    write_csv,
 )
 
 DEMO_RECIPES = [f"recipes/demo/mnist_{loss}.yaml" for loss in ("gsap", "msap", "infonce")]
@@ -85,19 +76,13 @@ def settings(args: argparse.Namespace) -> list[Setting]:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.output or "runs/scarce").resolve()
-    runner = runner_from_args(args, args.name)
-    start = time.perf_counter()
-    seeds = [args.seed + i for i in range(args.num_seeds)]
-    rows = run_grid(runner, settings(args), out, seeds)
-    seconds = time.perf_counter() - start
-    agg = aggregate(rows, ["loss", "rho", "gamma"])
-    write_csv(out / "scarce_runs.csv", rows)
-    write_csv(out / "scarce.csv", agg)
+    by = ["loss", "rho", "gamma"]
+    agg, seconds = sweep(args, settings(args), out, "scarce", args.name, by)
     tables = [
-        f"gAP (%), mean ± std over {len(seeds)} seeds:\n\n"
+        f"gAP (%), mean ± std over {args.num_seeds} seeds:\n\n"
         + pivot_table(agg, ["rho", "gamma"], "loss", "gAP"),
         "mAP (%):\n\n" + pivot_table(agg, ["rho", "gamma"], "loss", "mAP"),
-        "all metrics:\n\n" + settings_metrics_table(agg, ["loss", "rho", "gamma"]),
+        "all metrics:\n\n" + settings_metrics_table(agg, by),
     ]
     tables.append(
         "\n".join(

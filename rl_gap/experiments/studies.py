@@ -18,26 +18,13 @@ and ``<name>.png`` to ``--output``, and prints the table.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_gap.experiments.grid import (
-    Setting,
-    add_grid_arguments,
-    on_test_split,
-    run_grid,
-    runner_from_args,
-)
+from rl_gap.experiments.grid import Setting, add_grid_arguments, on_test_split, sweep
 from rl_gap.experiments.runner import recipe_loss
-from rl_gap.experiments.tables import (
-    RANKING_RULE,
-    aggregate,
-    ranking_lines,
-    settings_metrics_table,
-    write_csv,
-)
+from rl_gap.experiments.tables import RANKING_RULE, ranking_lines, settings_metrics_table
 
 ALPHAS = (0.0, 0.5, 0.9, 0.95, 0.99, 0.999)
 TEMPERATURES = (1e-4, 1e-3, 1e-2, 5e-2, 1e-1, 5e-1)
@@ -48,11 +35,8 @@ def _demo(*losses: str) -> list[str]:
 
 
 def _finish(
-    name: str, out: Path, rows: list[dict], by: list[str], seconds: float, plot_fn
+    name: str, out: Path, agg: list[dict], by: list[str], seconds: float, plot_fn
 ) -> list[dict[str, Any]]:
-    agg = aggregate(rows, by)
-    write_csv(out / f"{name}_runs.csv", rows)
-    write_csv(out / f"{name}.csv", agg)
     table = settings_metrics_table(agg, by)
     if "loss" in by:
         others = [k for k in by if k != "loss"]
@@ -150,10 +134,6 @@ def _sweep(
                 (*on_test_split(r), flag, repr(v)), f"{recipe_loss(r)}/{column}_{v:g}")
         for r in args.recipes for v in values
     ]  # fmt: skip
-    start = time.perf_counter()
-    rows = run_grid(runner_from_args(args, study), settings, out, _seeds(args))
-    return _finish(study, out, rows, ["loss", column], time.perf_counter() - start, plot)
-
-
-def _seeds(args: argparse.Namespace) -> list[int]:
-    return [args.seed + i for i in range(args.num_seeds)]
+    by = ["loss", column]
+    agg, seconds = sweep(args, settings, out, study, study, by)
+    return _finish(study, out, agg, by, seconds, plot)
