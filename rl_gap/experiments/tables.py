@@ -16,7 +16,7 @@ two seeds (one seed has no spread). Otherwise the rows are tied on that
 metric. The demo, ``rl-gap tune``, ``rl-gap sweep-scarce`` and the studies
 print this verdict under their tables.
 
-Paired verdicts (:func:`paired_verdict`, :func:`paired_lines`): runs of two losses
+Paired verdicts (:func:`paired_verdict`, :func:`paired_verdicts`): runs of two losses
 with the same seed share the initialisation and the data order, so they are
 compared seed by seed: the per-seed differences ``a − b``, their mean ± std
 (ddof=1), the number of seeds where ``a`` is ahead, the paired t statistic
@@ -344,16 +344,6 @@ def paired_verdicts(
         for b in labels[i + 1 :]
         for metric in metrics
     ]
-
-
-def paired_lines(
-    rows: Sequence[dict[str, Any]],
-    metrics: Sequence[str] = tuple(METRICS),
-    label: str = "loss",
-    pair_by: str = "seed",
-) -> list[str]:
-    """:meth:`PairedVerdict.line` of :func:`paired_verdicts`."""
-    return [v.line() for v in paired_verdicts(rows, metrics, label, pair_by)]
 
 
 def _p(p: float) -> str:

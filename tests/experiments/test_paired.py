@@ -14,7 +14,6 @@ import math
 import pytest
 
 from rl_gap.experiments.tables import (
-    paired_lines,
     paired_t,
     paired_verdict,
     paired_verdicts,
@@ -93,5 +92,5 @@ def test_every_pair_first_minus_later():
     pairs = [(v.a, v.b, v.metric) for v in paired_verdicts(rows, ("gAP",))]
     assert pairs == [("gsap", "msap", "gAP"), ("gsap", "infonce", "gAP"),
                      ("msap", "infonce", "gAP")]  # fmt: skip
-    lines = paired_lines(rows, ("gAP",))
+    lines = [v.line() for v in paired_verdicts(rows, ("gAP",))]
     assert lines[1].startswith("gAP: gsap ahead of infonce in 2/2 seeds, +17.50 ± 3.54 points")
