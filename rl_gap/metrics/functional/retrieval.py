@@ -84,12 +84,15 @@ def map_at_r(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor
     Example:
         Row 0 ranks 0.9+, 0.8-, 0.7+ (R = 2): MAP@R = (1/1)/2 = 0.5; row 1's one
         positive ties with its negative, which ranks first: MAP@R = 0. Mean 0.25.
+        R-precision (``r_precision``) of the same rows: 1/2 and 0, mean 0.25.
 
         >>> import torch
-        >>> from rl_gap.metrics.functional import map_at_r
+        >>> from rl_gap.metrics.functional import map_at_r, r_precision
         >>> scores = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.5, 0.1]], dtype=torch.float64)
         >>> rel = torch.tensor([[True, False, True], [True, False, False]])
         >>> map_at_r(scores, rel)
+        tensor(0.2500, dtype=torch.float64)
+        >>> r_precision(scores, rel)
         tensor(0.2500, dtype=torch.float64)
     """
     state = state_from_scores(scores, rel, valid)
@@ -98,16 +101,8 @@ def map_at_r(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor
 
 def r_precision(scores: Tensor, rel: Tensor, valid: Tensor | None = None) -> Tensor:
     """R-precision: per row with R >= 1 positives, the share of positives in its top R
-    (ties as in ``map_at_r``); mean over those rows.
-
-    Example (the rows of ``map_at_r``'s example: 1/2 and 0):
-
-        >>> import torch
-        >>> from rl_gap.metrics.functional import r_precision
-        >>> scores = torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.5, 0.1]], dtype=torch.float64)
-        >>> rel = torch.tensor([[True, False, True], [True, False, False]])
-        >>> r_precision(scores, rel)
-        tensor(0.2500, dtype=torch.float64)
+    (ties as in ``map_at_r``); mean over those rows. Example: ``map_at_r``'s, whose two
+    rows have R-precision 1/2 and 0.
     """
     state = state_from_scores(scores, rel, valid)
     return _out(ranking.r_precision_from_state(state), scores)
