@@ -269,6 +269,13 @@ def ratio_rule_order(
     return list(zip(chain.tolist(), block.tolist()))
 
 
+def _chains_ap(flat_ap, chains: list[np.ndarray], sizes: list[np.ndarray] | None) -> float:
+    """``flat_ap`` (one of the ``_*_flat`` below, which need >= 1 block) on listed chains;
+    NaN without a block."""
+    gaps, flat_sizes, offsets = _concat(chains, sizes)
+    return float("nan") if gaps.size == 0 else flat_ap(gaps, flat_sizes, offsets)
+
+
 def _ratio_rule_ap_flat(gaps, sizes, offsets) -> float:
     chain, block = _ratio_rule_flat(gaps, sizes, offsets)
     index = offsets[chain] + block
@@ -277,7 +284,7 @@ def _ratio_rule_ap_flat(gaps, sizes, offsets) -> float:
 
 def ratio_rule_ap(chains: list[np.ndarray], sizes: list[np.ndarray] | None = None) -> float:
     """gAP of the ratio-rule schedule (``ratio_rule_order``)."""
-    return _ratio_rule_ap_flat(*_concat(chains, sizes))
+    return _chains_ap(_ratio_rule_ap_flat, chains, sizes)
 
 
 def _greedy_ap_flat(gaps, sizes, offsets) -> float:
@@ -286,8 +293,6 @@ def _greedy_ap_flat(gaps, sizes, offsets) -> float:
     # block): a block below its chain's running max follows the block that set it
     # at once. Chains are laid out in (chain, block) order, so a stable sort by the
     # running max gives exactly that order.
-    if gaps.size == 0:
-        return float("nan")
     lengths = offsets[1:] - offsets[:-1]
     shift = int(gaps.max()) + 1  # gaps >= 0: chain c's values live in [c*shift, (c+1)*shift)
     chain = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
@@ -298,12 +303,10 @@ def _greedy_ap_flat(gaps, sizes, offsets) -> float:
 
 def greedy_ap(chains: list[np.ndarray], sizes: list[np.ndarray] | None = None) -> float:
     """gAP of the greedy schedule: always the head block with the fewest negatives."""
-    return _greedy_ap_flat(*_concat(chains, sizes))
+    return _chains_ap(_greedy_ap_flat, chains, sizes)
 
 
 def _upper_bound_flat(gaps, sizes, offsets) -> float:
-    if gaps.size == 0:
-        return float("nan")
     _, _, _, seg_pos, seg_len = _segments(gaps, sizes, offsets)
     # Hull slopes (negatives per positive) in increasing order, one per positive.
     slope = np.repeat((seg_len - seg_pos) / seg_pos, seg_pos)
@@ -313,7 +316,7 @@ def _upper_bound_flat(gaps, sizes, offsets) -> float:
 
 def upper_bound_ap(chains: list[np.ndarray], sizes: list[np.ndarray] | None = None) -> float:
     """U >= the gAP of every interleaving of the chains (module docstring)."""
-    return _upper_bound_flat(*_concat(chains, sizes))
+    return _chains_ap(_upper_bound_flat, chains, sizes)
 
 
 def ceiling_from_state(state: RetrievalState) -> dict[str, float]:

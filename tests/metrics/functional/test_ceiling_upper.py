@@ -75,6 +75,8 @@ def test_upper_bound_of_hand_made_chains():
     assert upper_bound_ap([np.array([3])], [np.array([2])]) == pytest.approx(
         (1 / 2.5 + 2 / 5) / 2, abs=1e-15
     )
+    # No block (no chain, or chains without positives): no AP to bound.
+    assert np.isnan(upper_bound_ap([])) and np.isnan(upper_bound_ap([np.zeros(0, np.int64)]))
 
 
 def test_suite_and_functional_report_upper_and_gap():
