@@ -61,3 +61,16 @@ def _args(*argv):
 def test_grid_options_are_checked_before_any_run(argv, message):
     with pytest.raises(ValueError, match=message):
         runner_from_args(_args(*argv), group="g")
+
+
+def test_grid_options_build_the_runner():
+    runner = runner_from_args(
+        _args("--trial-command", "torchrun --nproc_per_node 2 -m rl_gap.cli", "--overrides",
+              "--trainer.max_epochs 2 --model.init_args.lr 1e-4", "--wandb", "off"),
+        group="g",
+    )  # fmt: skip
+    assert runner.command == ["torchrun", "--nproc_per_node", "2", "-m", "rl_gap.cli"]
+    assert runner.overrides == ["--trainer.max_epochs", "2", "--model.init_args.lr", "1e-4"]
+    assert (runner.wandb, runner.group) == ("off", "g")
+    default = runner_from_args(_args(), group="h")
+    assert (default.command, default.overrides, default.wandb) == (None, [], "auto")
