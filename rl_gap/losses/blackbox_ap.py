@@ -36,6 +36,7 @@ import torch
 
 from rl_gap.losses.ap_surrogate import APSurrogateLoss, check_positive_finite, pessimistic_ranks
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.variant import variant_of
 from rl_gap.precision import full_precision
 
 
@@ -159,6 +160,7 @@ class BlackBoxAPLoss(APSurrogateLoss):
 
 
 @register_loss("gblackbox")
+@variant_of(BlackBoxAPLoss, drop=("symmetric",))
 class GlobalBlackBoxAPLoss(BlackBoxAPLoss):
     """Global BlackBox AP loss over the flattened valid pairs as one list.
 
@@ -172,8 +174,3 @@ class GlobalBlackBoxAPLoss(BlackBoxAPLoss):
     """
 
     global_ranking = True
-
-    def __init__(
-        self, lambda_val: float = 4.0, margin: float = 0.02, neg_drop: float = 0.0
-    ) -> None:
-        super().__init__(lambda_val=lambda_val, margin=margin, neg_drop=neg_drop)

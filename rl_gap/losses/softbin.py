@@ -39,6 +39,7 @@ import torch
 from rl_gap import dist as shard_comm
 from rl_gap.losses.ap_surrogate import APSurrogateLoss
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.variant import variant_of
 from rl_gap.precision import full_precision
 
 RANGE_TOLERANCE = 0.01  # fraction of (hi − lo) a similarity may overshoot before it is an error
@@ -293,6 +294,7 @@ class SoftBinAPLoss(APSurrogateLoss):
 
 
 @register_loss("gsoftbin")
+@variant_of(SoftBinAPLoss, drop=("symmetric",))
 class GlobalSoftBinAPLoss(SoftBinAPLoss):
     """Global SoftBin loss: ``1 − SoftBinAP`` of the flattened valid pairs as one list.
 
@@ -306,11 +308,3 @@ class GlobalSoftBinAPLoss(SoftBinAPLoss):
     """
 
     global_ranking = True
-
-    def __init__(
-        self,
-        num_bins: int = 10,
-        sim_range: Sequence[float] = (-1.0, 1.0),
-        neg_drop: float = 0.0,
-    ) -> None:
-        super().__init__(num_bins=num_bins, sim_range=sim_range, neg_drop=neg_drop)

@@ -45,6 +45,7 @@ from rl_gap.losses.ap_surrogate import (
 from rl_gap.losses.common import check_temperature
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.supap_flat import supap_one_list
+from rl_gap.losses.variant import variant_of
 from rl_gap.precision import full_precision
 
 # Elements of one (chunk × D) block of the per-row sweep: 2^20 float32 = 4 MiB;
@@ -249,6 +250,7 @@ class SupAPLoss(APSurrogateLoss):
 
 
 @register_loss("gsupap")
+@variant_of(SupAPLoss, drop=("symmetric",))
 class GlobalSupAPLoss(SupAPLoss):
     """Global SupAP over the flattened valid pairs as one list.
 
@@ -262,23 +264,3 @@ class GlobalSupAPLoss(SupAPLoss):
     """
 
     global_ranking = True
-
-    def __init__(
-        self,
-        temperature: float = 0.01,
-        rho: float = 100.0,
-        offset: float = 1.44,
-        margin: float = 0.05,
-        neg_drop: float = 0.0,
-        chunk_size: int | None = None,
-        start: float = 0.5,
-    ) -> None:
-        super().__init__(
-            temperature=temperature,
-            rho=rho,
-            offset=offset,
-            margin=margin,
-            neg_drop=neg_drop,
-            chunk_size=chunk_size,
-            start=start,
-        )
