@@ -32,19 +32,15 @@ O(P · D) per list: for the global loss, P · M over the whole batch.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rl_gap.losses.ap_surrogate import (
     APSurrogateLoss,
     check_chunk_size,
-    check_positive_finite,
     pessimistic_ranks,
 )
-from rl_gap.losses.common import check_temperature
 from rl_gap.losses.registry import register_loss
-from rl_gap.losses.supap_flat import supap_one_list
+from rl_gap.losses.supap_flat import SupAPParams, supap_one_list
 from rl_gap.losses.variant import variant_of
 from rl_gap.precision import full_precision
 
@@ -73,7 +69,7 @@ def _supap_sweep(
     scores: torch.Tensor,
     positive: torch.Tensor,
     negative: torch.Tensor,
-    params: tuple[float, float, float, float, float],
+    params: SupAPParams,
     chunk_size: int | None,
     with_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -140,12 +136,8 @@ def supap(
     scores: torch.Tensor,
     positive: torch.Tensor,
     valid: torch.Tensor,
-    temperature: float = 0.01,
-    rho: float = 100.0,
-    offset: float = 1.44,
-    margin: float = 0.05,
+    params: SupAPParams,
     chunk_size: int | None = None,
-    start: float = 0.5,
 ) -> torch.Tensor:
     """SupAP of every row of ``scores``, each row one list.
 
@@ -153,27 +145,17 @@ def supap(
         scores: (R, D) float scores.
         positive: (R, D) bool relevant items, each row with ≥ 1 (and ⊆ ``valid``).
         valid: (R, D) bool, the items of each row's list.
-        temperature: τ > 0 of the sigmoid part of H⁻.
-        rho: ρ ≥ 0, slope of H⁻ above the margin.
-        offset: H⁻'s value at the start of the linear part (≥ 1 keeps the upper bound).
-        margin: δ ≥ 0, width of the band (0, δ] where H⁻ = start + σ(t/τ).
+        params: τ > 0 of the sigmoid part of H⁻; ρ ≥ 0, its slope above the margin;
+            offset, its value where the linear part starts (≥ 1 keeps the upper bound);
+            δ ≥ 0, width of the band (0, δ] where H⁻ = start + σ(t/τ); start ≥ 0, H⁻'s step
+            at t = 0 inside the band (1/2: released default; 0: released iNaturalist setting).
         chunk_size: positives per chunk; None keeps a chunk × D block near 2^20 elements
             (2^22 for a one-row input).
-        start: ≥ 0, H⁻'s step at t = 0 inside the band (1/2: released default; 0:
-            released iNaturalist setting).
 
     Returns:
         (R,) SupAP per row, differentiable w.r.t. ``scores`` (first order).
     """
-    params = (
-        check_temperature(temperature),
-        check_positive_finite("rho", rho, allow_zero=True),
-        float(offset),
-        check_positive_finite("margin", margin, allow_zero=True),
-        check_positive_finite("start", start, allow_zero=True),
-    )
-    if not math.isfinite(params[2]):
-        raise ValueError(f"offset must be finite, got {offset}")
+    params = SupAPParams.checked(*params)
     negative = valid & ~positive
     return _SupAP.apply(scores, positive, negative, params, check_chunk_size(chunk_size))
 
@@ -209,14 +191,14 @@ class SupAPLoss(APSurrogateLoss):
         start: float = 0.5,
     ) -> None:
         super().__init__(neg_drop=neg_drop, symmetric=symmetric)
-        self.temperature = check_temperature(temperature)
-        self.rho = check_positive_finite("rho", rho, allow_zero=True)
-        self.offset = float(offset)
-        if not math.isfinite(self.offset):
-            raise ValueError(f"offset must be finite, got {offset}")
-        self.margin = check_positive_finite("margin", margin, allow_zero=True)
-        self.start = check_positive_finite("start", start, allow_zero=True)
+        checked = SupAPParams.checked(temperature, rho, offset, margin, start)
+        self.temperature, self.rho, self.offset, self.margin, self.start = checked
         self.chunk_size = check_chunk_size(chunk_size)
+
+    @property
+    def params(self) -> SupAPParams:
+        """The settings of H⁻ the kernels take."""
+        return SupAPParams(self.temperature, self.rho, self.offset, self.margin, self.start)
 
     def extra_repr(self) -> str:
         return (
@@ -228,25 +210,14 @@ class SupAPLoss(APSurrogateLoss):
     def list_ap(
         self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
-        return supap(
-            scores,
-            positive,
-            valid,
-            self.temperature,
-            self.rho,
-            self.offset,
-            self.margin,
-            self.chunk_size,
-            self.start,
-        )
+        return supap(scores, positive, valid, self.params, self.chunk_size)
 
     def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
         """The global SupAP over ranks: positives all-gathered, rank partials all-reduced."""
         # Imported here: the sharded kernels reuse the loss modules' pieces.
         from rl_gap.losses.sharding import global_surrogates
 
-        params = (self.temperature, self.rho, self.offset, self.margin, self.start)
-        return global_surrogates.sharded_supap(scores, positive, params, self.chunk_size)
+        return global_surrogates.sharded_supap(scores, positive, self.params, self.chunk_size)
 
 
 @register_loss("gsupap")

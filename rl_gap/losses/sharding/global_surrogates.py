@@ -20,13 +20,17 @@ Formulas and tie rules are those of ``blackbox_ap`` and
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rl_gap import dist as shard_comm
 from rl_gap.losses.ap_surrogate import pessimistic_ranks
-from rl_gap.losses.supap_flat import DEFAULT_BLOCK_ELEMENTS
+from rl_gap.losses.supap_flat import (
+    DEFAULT_BLOCK_ELEMENTS,
+    SupAPParams,
+    exact_part,
+    margin_counts,
+    step_gradient,
+)
 
 
 # ---------------------------------------------------------------------------- gBlackBox
@@ -97,26 +101,11 @@ def sharded_blackbox_ap(scores, positive, lambda_val, margin) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ gSupAP
-def _supap_parts(negs, anchors, params):
-    """This rank's negatives' exact-part partials per anchor: counts above δ, above 0, sum above δ."""
-    tau, rho, offset, margin, _ = params
-    neg_sorted = negs.sort().values
-    prefix = torch.cat(
-        [neg_sorted.new_zeros(1, dtype=torch.float64), neg_sorted.double().cumsum(0)]
-    )
-    anchors_plus = anchors + margin
-    not_above = torch.searchsorted(neg_sorted, anchors_plus, right=True)
-    count_above = (negs.numel() - not_above).double()
-    count_pos_side = (negs.numel() - torch.searchsorted(neg_sorted, anchors, right=True)).double()
-    sum_above = prefix[-1] - prefix[not_above]
-    return count_above, count_pos_side, sum_above
-
-
 class _ShardedSupAP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, positive, params, chunk_size):  # type: ignore[override]
         rank, _ = shard_comm.require_group()
-        tau, rho, offset, margin, start_step = params
+        tau, _, _, margin, _ = params
         work = scores.detach()
         dtype = work.dtype
         pos_local, negs = work[positive], work[~positive]
@@ -145,28 +134,19 @@ class _ShardedSupAP(torch.autograd.Function):
                 grad_negs += (coef[part] * inv_tau).to(dtype) @ deriv
             return sums
 
-        count_above, count_pos_side, sum_above = _supap_parts(negs, anchors, params)
-        packed = torch.stack([count_above, count_pos_side, sum_above, sweep()])
-        count_above, count_pos_side, sum_above, sig_sum = shard_comm.all_reduce(packed)
-        sig_cap = 1.0 / (1.0 + math.exp(-margin / tau))
-        exact_part = (
-            rho * (sum_above - count_above * anchors.double())
-            + (offset - sig_cap) * count_above
-            + start_step * (count_pos_side - count_above)
+        packed = shard_comm.all_reduce(
+            torch.cat([margin_counts(negs, anchors, margin), sweep()[None]])
         )
-        rank_all = rank_pos + exact_part + sig_sum
+        counts, sig_sum = packed[:3], packed[3]
+        rank_all = rank_pos + exact_part(counts, anchors, params) + sig_sum
         ap = (rank_pos / rank_all).sum() / num_pos
         if ctx.needs_input_grad[0]:
             coef = -rank_pos / (num_pos * rank_all.square())
             grad_negs = work.new_zeros(num_neg)
             dsig_sum = shard_comm.all_reduce(sweep(coef, grad_negs))
-            jump = rho - sig_cap * (1.0 - sig_cap) * inv_tau
-            anchors_plus = anchors + margin
-            order = anchors_plus.argsort()
-            coef_prefix = torch.cat([coef.new_zeros(1), coef[order].cumsum(0)])
-            below = torch.searchsorted(anchors_plus[order], negs, right=False)
-            grad_negs += (jump * coef_prefix[below]).to(dtype)
-            deriv_anchor = dsig_sum * inv_tau + jump * count_above
+            step_negs, step_anchors = step_gradient(negs, anchors, coef, counts[0], params)
+            grad_negs += step_negs.to(dtype)
+            deriv_anchor = dsig_sum * inv_tau + step_anchors
             start = sum(sizes[:rank])
             mine = slice(start, start + pos_local.numel())
             grad = torch.zeros_like(work)
@@ -182,6 +162,8 @@ class _ShardedSupAP(torch.autograd.Function):
         return grad * grad_output.to(grad.dtype), None, None, None
 
 
-def sharded_supap(scores, positive, params, chunk_size) -> torch.Tensor:
+def sharded_supap(
+    scores: torch.Tensor, positive: torch.Tensor, params: SupAPParams, chunk_size: int | None
+) -> torch.Tensor:
     """SupAP of the list concatenated over ranks ((n,) scores and positives per rank)."""
     return _ShardedSupAP.apply(scores, positive, params, chunk_size)
