@@ -39,10 +39,10 @@ from rl_gap.losses.ap_surrogate import (
     check_chunk_size,
     pessimistic_ranks,
 )
+from rl_gap.losses.common import sweep_with_gradient
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.supap_flat import SupAPParams, supap_one_list
 from rl_gap.losses.variant import variant_of
-from rl_gap.precision import full_precision
 
 # Elements of one (chunk × D) block of the per-row sweep: 2^20 float32 = 4 MiB;
 # the sweep holds about six such blocks at a time. (The global loss's one-list
@@ -115,23 +115,6 @@ def _supap_sweep(
     return ap, grad
 
 
-class _SupAP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, positive, negative, params, chunk_size):  # type: ignore[override]
-        with_grad = ctx.needs_input_grad[0]
-        ap, grad = _supap_sweep(scores.detach(), positive, negative, params, chunk_size, with_grad)
-        if with_grad:
-            ctx.save_for_backward(grad)
-        return ap
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    @full_precision
-    def backward(ctx, grad_output):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype).unsqueeze(1), None, None, None, None
-
-
 def supap(
     scores: torch.Tensor,
     positive: torch.Tensor,
@@ -157,7 +140,8 @@ def supap(
     """
     params = SupAPParams.checked(*params)
     negative = valid & ~positive
-    return _SupAP.apply(scores, positive, negative, params, check_chunk_size(chunk_size))
+    chunk_size = check_chunk_size(chunk_size)
+    return sweep_with_gradient(_supap_sweep, scores, positive, negative, params, chunk_size)
 
 
 @register_loss("supap")
