@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -266,10 +267,14 @@ class SoftBinAPLoss(APSurrogateLoss):
         self.num_bins = check_num_bins(num_bins)
         self.sim_range = check_sim_range(sim_range)
 
-    def extra_repr(self) -> str:
-        return f"num_bins={self.num_bins}, sim_range={self.sim_range}, neg_drop={self.neg_drop}" + (
-            "" if self.global_ranking else f", symmetric={self.symmetric}"
-        )
+    list_kernel = staticmethod(softbin_ap)
+    sharded_kernel = staticmethod(sharded_softbin_ap)
+
+    def kernel_args(self) -> tuple[int, tuple[float, float]]:
+        return self.num_bins, self.sim_range
+
+    def settings(self) -> dict[str, Any]:
+        return {"num_bins": self.num_bins, "sim_range": self.sim_range}
 
     def check_scores(self, sim: torch.Tensor, valid: torch.Tensor) -> None:
         low, high = self.sim_range
@@ -282,15 +287,6 @@ class SoftBinAPLoss(APSurrogateLoss):
                 f"valid similarities span [{vmin:.4g}, {vmax:.4g}]; normalise the embeddings "
                 f"(cosine similarity) or set sim_range"
             )
-
-    def list_ap(
-        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
-    ) -> torch.Tensor:
-        return softbin_ap(scores, positive, valid, self.num_bins, self.sim_range)
-
-    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-        """The global SoftBin AP over ranks: the two (L,) histograms are all-reduced."""
-        return sharded_softbin_ap(scores, positive, self.num_bins, self.sim_range)
 
 
 @register_loss("gsoftbin")

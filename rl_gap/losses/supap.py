@@ -41,6 +41,7 @@ from rl_gap.losses.ap_surrogate import (
 )
 from rl_gap.losses.common import sweep_with_gradient
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding.global_surrogates import sharded_supap
 from rl_gap.losses.supap_flat import SupAPParams, supap_one_list
 from rl_gap.losses.variant import variant_of
 
@@ -179,29 +180,19 @@ class SupAPLoss(APSurrogateLoss):
         self.temperature, self.rho, self.offset, self.margin, self.start = checked
         self.chunk_size = check_chunk_size(chunk_size)
 
+    list_kernel = staticmethod(supap)
+    sharded_kernel = staticmethod(sharded_supap)
+
+    def kernel_args(self) -> tuple[SupAPParams, int | None]:
+        return self.params, self.chunk_size
+
+    def settings(self) -> dict[str, float]:
+        return self.params._asdict()
+
     @property
     def params(self) -> SupAPParams:
         """The settings of H⁻ the kernels take."""
         return SupAPParams(self.temperature, self.rho, self.offset, self.margin, self.start)
-
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature}, rho={self.rho}, offset={self.offset}, "
-            f"margin={self.margin}, start={self.start}, neg_drop={self.neg_drop}"
-            + ("" if self.global_ranking else f", symmetric={self.symmetric}")
-        )
-
-    def list_ap(
-        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
-    ) -> torch.Tensor:
-        return supap(scores, positive, valid, self.params, self.chunk_size)
-
-    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-        """The global SupAP over ranks: positives all-gathered, rank partials all-reduced."""
-        # Imported here: the sharded kernels reuse the loss modules' pieces.
-        from rl_gap.losses.sharding import global_surrogates
-
-        return global_surrogates.sharded_supap(scores, positive, self.params, self.chunk_size)
 
 
 @register_loss("gsupap")
