@@ -23,7 +23,7 @@ both with opposite signs and cancels, so R_P is computed as
 ``1/2 + sum_{j in P} σ(d_ij)`` without masking the diagonal.
 
 Precision: the gradient is accumulated with matmuls *in the forward pass*, so
-the two public functions (the only callers of the private Functions) are
+the two public functions (the only callers of the sweeps) are
 wrapped by ``full_precision`` (autocast off, half inputs widened): under
 ``bf16-mixed`` autocast those matmuls would otherwise run in bf16.
 """

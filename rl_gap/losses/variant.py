@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound=type)
@@ -23,8 +24,8 @@ T = TypeVar("T", bound=type)
 _SKIPPED = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
-def variant_of(parent: type, *, drop: tuple[str, ...] = ()) -> Any:
-    """Class decorator: the class's ``__init__`` takes ``parent``'s keywords less ``drop``, then its own.
+def variant_of(parent: type, *, drop: tuple[str, ...] = ()) -> Callable[[T], T]:
+    """Class decorator: ``__init__`` takes ``parent``'s keywords less ``drop``, then its own.
 
     The ``__init__`` the class defines or inherits (a mixin's) names only its own keywords
     (keyword-only, after ``*``) and forwards ``**kwargs`` to ``super().__init__``; a class
