@@ -1,9 +1,10 @@
 """Shared frame of the per-query and global AP surrogates (SoftBin, BlackBox, SupAP).
 
-Each surrogate family provides one kernel, ``list_ap(scores, positive, valid)``,
-that scores every row of an (R, D) matrix as its own ranked list. The loss
-classes built on :class:`APSurrogateLoss` only differ in which lists they hand
-to it (gSAP paper, Table L):
+Each surrogate family names its kernel, ``list_kernel(scores, positive, valid,
+*kernel_args())``, that scores every row of an (R, D) matrix as its own ranked
+list (and, for its sharded global loss, ``sharded_kernel``). The loss classes
+built on :class:`APSurrogateLoss` only differ in which lists they hand to it
+(gSAP paper, Table L):
 
 - per-query (``softbin``, ``blackbox``, ``supap``): each row of ``sim`` with ≥ 1
   valid positive is a list; loss = 1 − mean of the row surrogates
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
@@ -80,7 +82,8 @@ def pessimistic_ranks(scores: torch.Tensor, member: torch.Tensor) -> torch.Tenso
 class APSurrogateLoss(RankingLoss, abc.ABC):
     """``1 − surrogate AP``, per query (mean over rows) or global (one flattened list).
 
-    Subclasses set ``global_ranking`` and implement :meth:`list_ap`. Inputs
+    Subclasses set ``global_ranking``, :attr:`list_kernel` (optionally :attr:`sharded_kernel`),
+    :meth:`kernel_args` and, for ``repr``, :meth:`settings`. Inputs
     follow the loss contract: ``sim``, ``rel``, ``valid`` (Q, D) -> 0-d loss
     (float32 for half-precision inputs, else ``sim.dtype``). A batch with no
     valid positive gives a zero loss with a warning; rows with no valid
@@ -97,11 +100,24 @@ class APSurrogateLoss(RankingLoss, abc.ABC):
         if self.symmetric and self.global_ranking:
             raise ValueError("a global loss ranks one list; symmetric=True does not apply")
 
+    list_kernel: ClassVar[Callable[..., torch.Tensor]]
+    """``list_kernel(scores, positive, valid, *self.kernel_args())``: the (R,) AP of every row
+    of (R, D) scores, each row one list (``positive`` ⊆ ``valid``, every row with ≥ 1),
+    differentiable w.r.t. ``scores``; set with ``staticmethod``."""
+
+    sharded_kernel: ClassVar[Callable[..., torch.Tensor] | None] = None
+    """``sharded_kernel(scores, positive, *self.kernel_args())``: the 0-d AP of the one list
+    concatenated over ranks from this rank's (n,) kept flat scores, the same on every rank
+    (backward: this rank's items' gradient). A family with one runs its global loss sharded."""
+
     @abc.abstractmethod
+    def kernel_args(self) -> tuple[Any, ...]:
+        """The family's settings, as its kernels take them after the lists."""
+
     def list_ap(
         self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
-        """Surrogate AP of every row, each row one list.
+        """Surrogate AP of every row, each row one list (:attr:`list_kernel`).
 
         Args:
             scores: (R, D) float32/float64 scores.
@@ -111,22 +127,20 @@ class APSurrogateLoss(RankingLoss, abc.ABC):
         Returns:
             (R,) surrogate AP per row, differentiable w.r.t. ``scores``.
         """
+        return type(self).list_kernel(scores, positive, valid, *self.kernel_args())
 
     def check_scores(self, sim: torch.Tensor, valid: torch.Tensor) -> None:
         """Hook for a family's own input checks (e.g. a fixed similarity range)."""
 
-    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-        """Surrogate AP of the one list concatenated over ranks (a global family's kernel).
+    def extra_repr(self) -> str:
+        settings = {**self.settings(), "neg_drop": self.neg_drop}
+        if not self.global_ranking:
+            settings["symmetric"] = self.symmetric
+        return ", ".join(f"{name}={value}" for name, value in settings.items())
 
-        Args:
-            scores: (n,) this rank's kept flat scores; positive: (n,) bool.
-
-        Returns:
-            0-d AP of the global list, the same on every rank; backward gives
-            this rank's items' gradient. A family that defines it can run its
-            global loss sharded (:meth:`sharding_unsupported`).
-        """
-        raise NotImplementedError(f"{type(self).__name__} has no sharded global ranking")
+    def settings(self) -> dict[str, Any]:
+        """The family's settings as ``repr`` shows them (before ``neg_drop``)."""
+        return {}
 
     def _mean_row_ap(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
@@ -158,19 +172,22 @@ class APSurrogateLoss(RankingLoss, abc.ABC):
         """Why these settings cannot be sharded (None: they can)."""
         if self.symmetric:
             return symmetric_not_sharded(self)
-        if self.global_ranking and type(self).sharded_list_ap is APSurrogateLoss.sharded_list_ap:
+        if self.global_ranking and self.sharded_kernel is None:
             return f"{type(self).__name__} has no sharded global ranking"
         return None
 
     def _loss_sharded(
         self, sim: torch.Tensor, rel: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
-        """Per query: row partial sums; global: the family's :meth:`sharded_list_ap`."""
+        """Per query: row partial sums; global: the family's :attr:`sharded_kernel`."""
         sim = sim.to(compute_dtype(sim.dtype))
         agree(lambda: self.check_scores(sim, valid), sim.device)
         if self.global_ranking:
             scores, positive = kept_flat(sim, rel, valid, self.neg_drop)
-            return 1.0 - self.sharded_list_ap(scores, positive)
+            kernel = type(self).sharded_kernel
+            if kernel is None:
+                raise NotImplementedError(f"{type(self).__name__} has no sharded global ranking")
+            return 1.0 - kernel(scores, positive, *self.kernel_args())
 
         def per_rows(s, r, v, has_pos):
             s, r, v = s[has_pos], r[has_pos], v[has_pos]

@@ -36,6 +36,8 @@ import torch
 
 from rl_gap.losses.ap_surrogate import APSurrogateLoss, check_positive_finite, pessimistic_ranks
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.sharding.global_surrogates import sharded_blackbox_ap
+from rl_gap.losses.variant import variant_of
 from rl_gap.precision import full_precision
 
 
@@ -140,25 +142,18 @@ class BlackBoxAPLoss(APSurrogateLoss):
         self.lambda_val = check_positive_finite("lambda_val", lambda_val)
         self.margin = check_positive_finite("margin", margin, allow_zero=True)
 
-    def extra_repr(self) -> str:
-        return f"lambda_val={self.lambda_val}, margin={self.margin}, neg_drop={self.neg_drop}" + (
-            "" if self.global_ranking else f", symmetric={self.symmetric}"
-        )
+    list_kernel = staticmethod(blackbox_ap)
+    sharded_kernel = staticmethod(sharded_blackbox_ap)
 
-    def list_ap(
-        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
-    ) -> torch.Tensor:
-        return blackbox_ap(scores, positive, valid, self.lambda_val, self.margin)
+    def kernel_args(self) -> tuple[float, float]:
+        return self.lambda_val, self.margin
 
-    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-        """The global BlackBox AP over ranks: positives all-gathered, counts all-reduced (O(P))."""
-        # Imported here: the sharded kernels reuse this module's pieces.
-        from rl_gap.losses.sharding import global_surrogates
-
-        return global_surrogates.sharded_blackbox_ap(scores, positive, self.lambda_val, self.margin)
+    def settings(self) -> dict[str, float]:
+        return {"lambda_val": self.lambda_val, "margin": self.margin}
 
 
 @register_loss("gblackbox")
+@variant_of(BlackBoxAPLoss, drop=("symmetric",))
 class GlobalBlackBoxAPLoss(BlackBoxAPLoss):
     """Global BlackBox AP loss over the flattened valid pairs as one list.
 
@@ -172,8 +167,3 @@ class GlobalBlackBoxAPLoss(BlackBoxAPLoss):
     """
 
     global_ranking = True
-
-    def __init__(
-        self, lambda_val: float = 4.0, margin: float = 0.02, neg_drop: float = 0.0
-    ) -> None:
-        super().__init__(lambda_val=lambda_val, margin=margin, neg_drop=neg_drop)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -135,3 +137,49 @@ def zero_loss(sim: torch.Tensor, module: nn.Module, reason: str) -> torch.Tensor
     for param in module.parameters():
         out = out + param.sum().to(out.dtype) * 0.0
     return out
+
+
+SweepFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+class _SweepGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sweep, scores, *args):  # type: ignore[override]
+        value, grad = sweep(scores.detach(), *args, with_grad=ctx.needs_input_grad[1])
+        if ctx.needs_input_grad[1]:
+            ctx.save_for_backward(grad)
+            ctx.input_dtype = scores.dtype
+        ctx.num_args = len(args)
+        return value
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    @full_precision
+    def backward(ctx, grad_output):  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        trailing = (1,) * (grad.dim() - grad_output.dim())  # (R,) values of (R, D) scores
+        upstream = grad_output.to(grad.dtype).reshape(*grad_output.shape, *trailing)
+        return None, (grad * upstream).to(ctx.input_dtype), *(None,) * ctx.num_args
+
+
+def sweep_with_gradient(sweep: SweepFn, scores: torch.Tensor, *args: Any) -> torch.Tensor:
+    """The value of a sweep that computes its own gradient, differentiable w.r.t. ``scores``.
+
+    The AP surrogates' chunked sweeps accumulate ∂value/∂scores analytically while they
+    compute the value, so that no comparison block is kept for backward; this runs such a
+    sweep (with the gradient only when ``scores`` needs one) and, in backward, scales the
+    saved gradient by the upstream one (first order only).
+
+    Args:
+        sweep: ``sweep(scores, *args, with_grad=...) -> (value, grad)``; it receives
+            ``scores`` detached and returns ``grad`` (``scores``'s shape, or None without
+            ``with_grad``). ``value`` is 0-d, or (R,) for (R, D) scores (one value a row,
+            whose gradient lies in that row).
+        scores: the tensor the gradient is for.
+        args: the sweep's other arguments (no gradient).
+
+    Returns:
+        ``value``; backward gives ``grad · upstream`` (broadcast along the rows) in
+        ``scores.dtype``.
+    """
+    return _SweepGradient.apply(sweep, scores, *args)

@@ -26,6 +26,7 @@ adds O(Q · D) time and memory to SupAP's cost.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from rl_gap.losses.common import check_batch, compute_dtype, zero_loss
 from rl_gap.losses.registry import register_loss
 from rl_gap.losses.sharding.rows import no_positive
 from rl_gap.losses.supap import GlobalSupAPLoss, SupAPLoss
+from rl_gap.losses.variant import variant_of
 
 
 def _nonzero_mean(values: torch.Tensor) -> torch.Tensor:
@@ -79,17 +81,29 @@ def _check_margins(pos_margin: float, neg_margin: float, weight: float) -> None:
 
 
 class _RoadmapMixin:
-    """``(1 − SupAP) + calibration_weight · L_calib`` on top of a SupAP loss class."""
+    """``(1 − SupAP) + calibration_weight · L_calib`` on top of a SupAP loss class.
+
+    Its ``__init__`` takes the calibration keywords and hands the rest to the SupAP class
+    (the concrete classes advertise both, :func:`~rl_gap.losses.variant.variant_of`).
+    """
 
     pos_margin: float
     neg_margin: float
     calibration_weight: float
 
-    def _set_calibration(self, pos_margin: float, neg_margin: float, weight: float) -> None:
-        _check_margins(pos_margin, neg_margin, weight)
+    def __init__(
+        self,
+        *,
+        pos_margin: float = 0.9,
+        neg_margin: float = 0.6,
+        calibration_weight: float = 1.0,
+        **supap: Any,
+    ) -> None:
+        super().__init__(**supap)
+        _check_margins(pos_margin, neg_margin, calibration_weight)
         self.pos_margin = float(pos_margin)
         self.neg_margin = float(neg_margin)
-        self.calibration_weight = float(weight)
+        self.calibration_weight = float(calibration_weight)
 
     # The calibration term trains on negatives too: a positive-free batch still has one.
     needs_positive = False
@@ -130,6 +144,7 @@ class _RoadmapMixin:
 
 
 @register_loss("roadmap")
+@variant_of(SupAPLoss)
 class RoadmapLoss(_RoadmapMixin, SupAPLoss):
     """ROADMAP, per query: ``(1 − mean SupAP) + calibration_weight · L_calib``.
 
@@ -142,60 +157,11 @@ class RoadmapLoss(_RoadmapMixin, SupAPLoss):
         calibration_weight: weight of L_calib (released: 1; the AP term has weight 1).
     """
 
-    def __init__(
-        self,
-        temperature: float = 0.01,
-        rho: float = 100.0,
-        offset: float = 1.44,
-        margin: float = 0.05,
-        neg_drop: float = 0.0,
-        symmetric: bool = False,
-        chunk_size: int | None = None,
-        pos_margin: float = 0.9,
-        neg_margin: float = 0.6,
-        calibration_weight: float = 1.0,
-        start: float = 0.5,
-    ) -> None:
-        super().__init__(
-            temperature=temperature,
-            rho=rho,
-            offset=offset,
-            margin=margin,
-            neg_drop=neg_drop,
-            symmetric=symmetric,
-            chunk_size=chunk_size,
-            start=start,
-        )
-        self._set_calibration(pos_margin, neg_margin, calibration_weight)
-
 
 @register_loss("groadmap")
+@variant_of(GlobalSupAPLoss)
 class GlobalRoadmapLoss(_RoadmapMixin, GlobalSupAPLoss):
     """ROADMAP with a global AP term: ``(1 − SupAP of all valid pairs) + w · L_calib``.
 
     Args: as :class:`RoadmapLoss` without ``symmetric`` (one flattened list).
     """
-
-    def __init__(
-        self,
-        temperature: float = 0.01,
-        rho: float = 100.0,
-        offset: float = 1.44,
-        margin: float = 0.05,
-        neg_drop: float = 0.0,
-        chunk_size: int | None = None,
-        pos_margin: float = 0.9,
-        neg_margin: float = 0.6,
-        calibration_weight: float = 1.0,
-        start: float = 0.5,
-    ) -> None:
-        super().__init__(
-            temperature=temperature,
-            rho=rho,
-            offset=offset,
-            margin=margin,
-            neg_drop=neg_drop,
-            chunk_size=chunk_size,
-            start=start,
-        )
-        self._set_calibration(pos_margin, neg_margin, calibration_weight)

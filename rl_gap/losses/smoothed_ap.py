@@ -23,7 +23,7 @@ both with opposite signs and cancels, so R_P is computed as
 ``1/2 + sum_{j in P} σ(d_ij)`` without masking the diagonal.
 
 Precision: the gradient is accumulated with matmuls *in the forward pass*, so
-the two public functions (the only callers of the private Functions) are
+the two public functions (the only callers of the sweeps) are
 wrapped by ``full_precision`` (autocast off, half inputs widened): under
 ``bf16-mixed`` autocast those matmuls would otherwise run in bf16.
 """
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_gap.losses.common import compute_dtype, full_precision
+from rl_gap.losses.common import compute_dtype, full_precision, sweep_with_gradient
 
 # Elements of one (chunk × M) comparison block: 2^24 float32 = 64 MiB, the
 # exact sweep's only large temporary.
@@ -102,28 +102,24 @@ def _sap_sweep(
     return sap, grad[:num_pos], grad[num_pos:]
 
 
-class _SmoothedAPExact(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, positive, temperature, chunk_size):  # type: ignore[override]
-        work = scores.detach().to(compute_dtype(scores.dtype))
-        with_grad = ctx.needs_input_grad[0]
-        sap, grad_pos, grad_neg = _sap_sweep(
-            work[positive], work[~positive], temperature, chunk_size, with_grad
-        )
-        if with_grad:
-            grad = torch.empty_like(work)
-            grad[positive] = grad_pos
-            grad[~positive] = grad_neg
-            ctx.save_for_backward(grad)
-            ctx.input_dtype = scores.dtype
-        return sap.to(scores.dtype) if scores.dtype != work.dtype else sap
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    @full_precision
-    def backward(ctx, grad_output):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        return (grad * grad_output.to(grad.dtype)).to(ctx.input_dtype), None, None, None
+def _exact_sweep(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``_sap_sweep`` of one (M,) list in the compute dtype; the value in ``scores.dtype``."""
+    work = scores.to(compute_dtype(scores.dtype))
+    sap, grad_pos, grad_neg = _sap_sweep(
+        work[positive], work[~positive], temperature, chunk_size, with_grad
+    )
+    if not with_grad:
+        return sap.to(scores.dtype), None
+    grad = torch.empty_like(work)
+    grad[positive] = grad_pos
+    grad[~positive] = grad_neg
+    return sap.to(scores.dtype), grad
 
 
 @full_precision
@@ -164,7 +160,7 @@ def smoothed_ap_exact(
         chunk_size = auto_chunk_size(scores.numel())
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    return _SmoothedAPExact.apply(scores, positive, float(temperature), int(chunk_size))
+    return sweep_with_gradient(_exact_sweep, scores, positive, float(temperature), int(chunk_size))
 
 
 def _rows_sweep(
@@ -178,7 +174,7 @@ def _rows_sweep(
     """Per-row smoothed AP, rows in chunks so that chunk × K × D stays bounded.
 
     Args:
-        scores: (R, D) scores, every row with ≥ 1 positive.
+        scores: (R, D) scores, every row with ≥ 1 positive (half precision computed in float32).
         positive: (R, D) bool, relevant and valid.
         negative: (R, D) bool, non-relevant and valid.
         temperature: τ > 0.
@@ -186,6 +182,7 @@ def _rows_sweep(
             (K = most positives in a row).
         with_grad: also return ∂SAP_r/∂scores[r, :] (R, D) (Jacobian is row-diagonal).
     """
+    scores = scores.to(compute_dtype(scores.dtype))
     num_rows, width = scores.shape
     inv_tau = 1.0 / temperature
     pos_f = positive.to(scores.dtype)
@@ -224,26 +221,6 @@ def _rows_sweep(
         col.scatter_add_(1, order, -anchor)  # padded anchors have zero coefficients
         grad[rows] = col
     return sap, grad
-
-
-class _SmoothedAPRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, positive, negative, temperature, chunk_size):  # type: ignore[override]
-        work = scores.detach().to(compute_dtype(scores.dtype))
-        with_grad = ctx.needs_input_grad[0]
-        sap, grad = _rows_sweep(work, positive, negative, temperature, chunk_size, with_grad)
-        if with_grad:
-            ctx.save_for_backward(grad)
-            ctx.input_dtype = scores.dtype
-        return sap
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    @full_precision
-    def backward(ctx, grad_output):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        out = grad * grad_output.to(grad.dtype).unsqueeze(1)
-        return out.to(ctx.input_dtype), None, None, None, None
 
 
 @full_precision
@@ -288,5 +265,7 @@ def smoothed_ap_rows(
         return result + scores.sum().to(out_dtype) * 0.0
     rows = has_pos.nonzero().squeeze(1)
     neg = valid & ~positive
-    sap = _SmoothedAPRows.apply(scores[rows], pos[rows], neg[rows], float(temperature), chunk_size)
+    sap = sweep_with_gradient(
+        _rows_sweep, scores[rows], pos[rows], neg[rows], float(temperature), chunk_size
+    )
     return result.index_put((rows,), sap)

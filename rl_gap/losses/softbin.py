@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from rl_gap import dist as shard_comm
 from rl_gap.losses.ap_surrogate import APSurrogateLoss
 from rl_gap.losses.registry import register_loss
+from rl_gap.losses.variant import variant_of
 from rl_gap.precision import full_precision
 
 RANGE_TOLERANCE = 0.01  # fraction of (hi − lo) a similarity may overshoot before it is an error
@@ -265,10 +267,14 @@ class SoftBinAPLoss(APSurrogateLoss):
         self.num_bins = check_num_bins(num_bins)
         self.sim_range = check_sim_range(sim_range)
 
-    def extra_repr(self) -> str:
-        return f"num_bins={self.num_bins}, sim_range={self.sim_range}, neg_drop={self.neg_drop}" + (
-            "" if self.global_ranking else f", symmetric={self.symmetric}"
-        )
+    list_kernel = staticmethod(softbin_ap)
+    sharded_kernel = staticmethod(sharded_softbin_ap)
+
+    def kernel_args(self) -> tuple[int, tuple[float, float]]:
+        return self.num_bins, self.sim_range
+
+    def settings(self) -> dict[str, Any]:
+        return {"num_bins": self.num_bins, "sim_range": self.sim_range}
 
     def check_scores(self, sim: torch.Tensor, valid: torch.Tensor) -> None:
         low, high = self.sim_range
@@ -282,17 +288,9 @@ class SoftBinAPLoss(APSurrogateLoss):
                 f"(cosine similarity) or set sim_range"
             )
 
-    def list_ap(
-        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
-    ) -> torch.Tensor:
-        return softbin_ap(scores, positive, valid, self.num_bins, self.sim_range)
-
-    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-        """The global SoftBin AP over ranks: the two (L,) histograms are all-reduced."""
-        return sharded_softbin_ap(scores, positive, self.num_bins, self.sim_range)
-
 
 @register_loss("gsoftbin")
+@variant_of(SoftBinAPLoss, drop=("symmetric",))
 class GlobalSoftBinAPLoss(SoftBinAPLoss):
     """Global SoftBin loss: ``1 − SoftBinAP`` of the flattened valid pairs as one list.
 
@@ -306,11 +304,3 @@ class GlobalSoftBinAPLoss(SoftBinAPLoss):
     """
 
     global_ranking = True
-
-    def __init__(
-        self,
-        num_bins: int = 10,
-        sim_range: Sequence[float] = (-1.0, 1.0),
-        neg_drop: float = 0.0,
-    ) -> None:
-        super().__init__(num_bins=num_bins, sim_range=sim_range, neg_drop=neg_drop)

@@ -32,20 +32,18 @@ O(P · D) per list: for the global loss, P · M over the whole batch.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rl_gap.losses.ap_surrogate import (
     APSurrogateLoss,
     check_chunk_size,
-    check_positive_finite,
     pessimistic_ranks,
 )
-from rl_gap.losses.common import check_temperature
+from rl_gap.losses.common import sweep_with_gradient
 from rl_gap.losses.registry import register_loss
-from rl_gap.losses.supap_flat import supap_one_list
-from rl_gap.precision import full_precision
+from rl_gap.losses.sharding.global_surrogates import sharded_supap
+from rl_gap.losses.supap_flat import SupAPParams, supap_one_list
+from rl_gap.losses.variant import variant_of
 
 # Elements of one (chunk × D) block of the per-row sweep: 2^20 float32 = 4 MiB;
 # the sweep holds about six such blocks at a time. (The global loss's one-list
@@ -72,7 +70,7 @@ def _supap_sweep(
     scores: torch.Tensor,
     positive: torch.Tensor,
     negative: torch.Tensor,
-    params: tuple[float, float, float, float, float],
+    params: SupAPParams,
     chunk_size: int | None,
     with_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -118,33 +116,12 @@ def _supap_sweep(
     return ap, grad
 
 
-class _SupAP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, positive, negative, params, chunk_size):  # type: ignore[override]
-        with_grad = ctx.needs_input_grad[0]
-        ap, grad = _supap_sweep(scores.detach(), positive, negative, params, chunk_size, with_grad)
-        if with_grad:
-            ctx.save_for_backward(grad)
-        return ap
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    @full_precision
-    def backward(ctx, grad_output):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype).unsqueeze(1), None, None, None, None
-
-
 def supap(
     scores: torch.Tensor,
     positive: torch.Tensor,
     valid: torch.Tensor,
-    temperature: float = 0.01,
-    rho: float = 100.0,
-    offset: float = 1.44,
-    margin: float = 0.05,
+    params: SupAPParams,
     chunk_size: int | None = None,
-    start: float = 0.5,
 ) -> torch.Tensor:
     """SupAP of every row of ``scores``, each row one list.
 
@@ -152,29 +129,20 @@ def supap(
         scores: (R, D) float scores.
         positive: (R, D) bool relevant items, each row with ≥ 1 (and ⊆ ``valid``).
         valid: (R, D) bool, the items of each row's list.
-        temperature: τ > 0 of the sigmoid part of H⁻.
-        rho: ρ ≥ 0, slope of H⁻ above the margin.
-        offset: H⁻'s value at the start of the linear part (≥ 1 keeps the upper bound).
-        margin: δ ≥ 0, width of the band (0, δ] where H⁻ = start + σ(t/τ).
+        params: τ > 0 of the sigmoid part of H⁻; ρ ≥ 0, its slope above the margin;
+            offset, its value where the linear part starts (≥ 1 keeps the upper bound);
+            δ ≥ 0, width of the band (0, δ] where H⁻ = start + σ(t/τ); start ≥ 0, H⁻'s step
+            at t = 0 inside the band (1/2: released default; 0: released iNaturalist setting).
         chunk_size: positives per chunk; None keeps a chunk × D block near 2^20 elements
             (2^22 for a one-row input).
-        start: ≥ 0, H⁻'s step at t = 0 inside the band (1/2: released default; 0:
-            released iNaturalist setting).
 
     Returns:
         (R,) SupAP per row, differentiable w.r.t. ``scores`` (first order).
     """
-    params = (
-        check_temperature(temperature),
-        check_positive_finite("rho", rho, allow_zero=True),
-        float(offset),
-        check_positive_finite("margin", margin, allow_zero=True),
-        check_positive_finite("start", start, allow_zero=True),
-    )
-    if not math.isfinite(params[2]):
-        raise ValueError(f"offset must be finite, got {offset}")
+    params = SupAPParams.checked(*params)
     negative = valid & ~positive
-    return _SupAP.apply(scores, positive, negative, params, check_chunk_size(chunk_size))
+    chunk_size = check_chunk_size(chunk_size)
+    return sweep_with_gradient(_supap_sweep, scores, positive, negative, params, chunk_size)
 
 
 @register_loss("supap")
@@ -208,47 +176,27 @@ class SupAPLoss(APSurrogateLoss):
         start: float = 0.5,
     ) -> None:
         super().__init__(neg_drop=neg_drop, symmetric=symmetric)
-        self.temperature = check_temperature(temperature)
-        self.rho = check_positive_finite("rho", rho, allow_zero=True)
-        self.offset = float(offset)
-        if not math.isfinite(self.offset):
-            raise ValueError(f"offset must be finite, got {offset}")
-        self.margin = check_positive_finite("margin", margin, allow_zero=True)
-        self.start = check_positive_finite("start", start, allow_zero=True)
+        checked = SupAPParams.checked(temperature, rho, offset, margin, start)
+        self.temperature, self.rho, self.offset, self.margin, self.start = checked
         self.chunk_size = check_chunk_size(chunk_size)
 
-    def extra_repr(self) -> str:
-        return (
-            f"temperature={self.temperature}, rho={self.rho}, offset={self.offset}, "
-            f"margin={self.margin}, start={self.start}, neg_drop={self.neg_drop}"
-            + ("" if self.global_ranking else f", symmetric={self.symmetric}")
-        )
+    list_kernel = staticmethod(supap)
+    sharded_kernel = staticmethod(sharded_supap)
 
-    def list_ap(
-        self, scores: torch.Tensor, positive: torch.Tensor, valid: torch.Tensor
-    ) -> torch.Tensor:
-        return supap(
-            scores,
-            positive,
-            valid,
-            self.temperature,
-            self.rho,
-            self.offset,
-            self.margin,
-            self.chunk_size,
-            self.start,
-        )
+    def kernel_args(self) -> tuple[SupAPParams, int | None]:
+        return self.params, self.chunk_size
 
-    def sharded_list_ap(self, scores: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-        """The global SupAP over ranks: positives all-gathered, rank partials all-reduced."""
-        # Imported here: the sharded kernels reuse the loss modules' pieces.
-        from rl_gap.losses.sharding import global_surrogates
+    def settings(self) -> dict[str, float]:
+        return self.params._asdict()
 
-        params = (self.temperature, self.rho, self.offset, self.margin, self.start)
-        return global_surrogates.sharded_supap(scores, positive, params, self.chunk_size)
+    @property
+    def params(self) -> SupAPParams:
+        """The settings of H⁻ the kernels take."""
+        return SupAPParams(self.temperature, self.rho, self.offset, self.margin, self.start)
 
 
 @register_loss("gsupap")
+@variant_of(SupAPLoss, drop=("symmetric",))
 class GlobalSupAPLoss(SupAPLoss):
     """Global SupAP over the flattened valid pairs as one list.
 
@@ -262,23 +210,3 @@ class GlobalSupAPLoss(SupAPLoss):
     """
 
     global_ranking = True
-
-    def __init__(
-        self,
-        temperature: float = 0.01,
-        rho: float = 100.0,
-        offset: float = 1.44,
-        margin: float = 0.05,
-        neg_drop: float = 0.0,
-        chunk_size: int | None = None,
-        start: float = 0.5,
-    ) -> None:
-        super().__init__(
-            temperature=temperature,
-            rho=rho,
-            offset=offset,
-            margin=margin,
-            neg_drop=neg_drop,
-            chunk_size=chunk_size,
-            start=start,
-        )

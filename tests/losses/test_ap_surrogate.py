@@ -11,6 +11,7 @@ import torch
 from surrogate_refs import flat_one_row, make_batch, value_and_grad
 
 from rl_gap.losses import build_loss, loss_from_config
+from rl_gap.losses.ap_surrogate import APSurrogateLoss
 from tests.losses.sap_refs import LargestTensor
 
 PER_QUERY = ["softbin", "blackbox", "supap"]
@@ -183,3 +184,44 @@ def test_fast_dev_run_trains_with_the_global_surrogates(name, run_dir):
         )  # fmt: skip
     assert cli.trainer.state.finished
     assert 0.0 < float(cli.trainer.callback_metrics["val/gap"]) <= 1.0
+
+
+def _mean_score_ap(scores, positive, valid, shift):
+    """A toy family's kernel: the mean positive score of each row, plus ``shift``."""
+    return (scores * positive).sum(1) / positive.sum(1) + shift
+
+
+class _ToyFamily(APSurrogateLoss):
+    """A family that names only a one-process kernel."""
+
+    list_kernel = staticmethod(_mean_score_ap)
+
+    def __init__(self, shift: float = 0.0, neg_drop: float = 0.0, symmetric: bool = False):
+        super().__init__(neg_drop=neg_drop, symmetric=symmetric)
+        self.shift = shift
+
+    def kernel_args(self):
+        return (self.shift,)
+
+    def settings(self):
+        return {"shift": self.shift}
+
+
+class _GlobalToyFamily(_ToyFamily):
+    global_ranking = True
+
+
+def test_a_family_is_its_kernel_its_settings_and_whether_it_has_a_sharded_kernel():
+    sim = torch.tensor([[0.9, 0.2, 0.4], [0.1, 0.8, 0.3]])
+    rel = torch.tensor([[True, False, True], [False, True, False]])
+    # per query: rows (0.9 + 0.4)/2 and 0.8, shifted by 0.5; global: (0.9 + 0.4 + 0.8)/3 + 0.5
+    assert float(_ToyFamily(shift=0.5)(sim, rel)) == pytest.approx(1 - (0.65 + 0.8) / 2 - 0.5)
+    assert float(_GlobalToyFamily(shift=0.5)(sim, rel)) == pytest.approx(1 - 0.7 - 0.5)
+    assert repr(_ToyFamily(shift=0.5)) == "_ToyFamily(shift=0.5, neg_drop=0.0, symmetric=False)"
+    assert repr(_GlobalToyFamily()) == "_GlobalToyFamily(shift=0.0, neg_drop=0.0)"
+    assert _ToyFamily().sharding_unsupported() is None  # per query: the kernel on row sums
+    assert _GlobalToyFamily().sharding_unsupported() == (
+        "_GlobalToyFamily has no sharded global ranking"
+    )
+    for name in GLOBAL:
+        assert build_loss(name).sharding_unsupported() is None

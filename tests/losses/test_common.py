@@ -1,5 +1,6 @@
 """The shared pieces of rl_gap/losses/common.py: input checks and the zero loss (through the
-losses that use them), negative dropping against a Python sort, ``num_dropped``'s rounding."""
+losses that use them), negative dropping against a Python sort, ``num_dropped``'s rounding,
+and ``sweep_with_gradient`` against autograd of a hand-written function."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import pytest
 import torch
 
 from rl_gap.losses import build_loss
-from rl_gap.losses.common import check_batch, drop_lowest_negatives, num_dropped
+from rl_gap.losses.common import (
+    check_batch,
+    drop_lowest_negatives,
+    num_dropped,
+    sweep_with_gradient,
+)
 
 from .sap_refs import brute_drop, make_batch
 
@@ -132,3 +138,38 @@ def test_check_batch_fills_the_valid_mask():
     assert valid.dtype == torch.bool and bool(valid.all()) and valid.shape == (2, 3)
     with pytest.raises(ValueError, match=r"1 NaN/inf"):
         check_batch(torch.tensor([[0.0, math.inf]]), torch.zeros(1, 2, dtype=torch.bool), None)
+
+
+calls: list[bool] = []
+
+
+def _cubes(scores, weight, with_grad):
+    """Per row Σ_j w_j s_j³ and its gradient 3 w_j s_j², written by hand."""
+    calls.append(with_grad)
+    value = (weight * scores.pow(3)).sum(-1)
+    return value, (3 * weight * scores.square() if with_grad else None)
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4)])
+def test_sweep_with_gradient_is_the_chain_rule_of_the_sweeps_own_gradient(shape):
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(shape, generator=gen, dtype=torch.float64)
+    weight = torch.rand(shape[-1], generator=gen, dtype=torch.float64)
+    upstream = torch.randn(shape[:-1], generator=gen, dtype=torch.float64)
+    leaf = scores.clone().requires_grad_(True)
+    (sweep_with_gradient(_cubes, leaf, weight) * upstream).sum().backward()
+    ref = scores.clone().requires_grad_(True)
+    ((weight * ref.pow(3)).sum(-1) * upstream).sum().backward()
+    torch.testing.assert_close(leaf.grad, ref.grad, rtol=1e-12, atol=0)
+
+
+def test_sweep_with_gradient_skips_the_gradient_when_none_is_needed_and_keeps_the_dtype():
+    calls.clear()
+    scores = torch.tensor([[0.5, -1.0]])
+    value = sweep_with_gradient(_cubes, scores, torch.ones(2))
+    assert calls == [False] and not value.requires_grad
+    torch.testing.assert_close(value, torch.tensor([0.125 - 1.0]))
+    half = torch.tensor([[0.5, -1.0]], dtype=torch.bfloat16, requires_grad=True)
+    sweep_with_gradient(_cubes, half, torch.ones(2, dtype=torch.bfloat16)).sum().backward()
+    assert calls == [False, True] and half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(half.grad, torch.tensor([[0.75, 3.0]], dtype=torch.bfloat16))

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from surrogate_refs import brute_supap
 
-from rl_gap.losses.supap_flat import supap_one_list
+from rl_gap.losses import build_loss
+from rl_gap.losses.supap import supap
+from rl_gap.losses.supap_flat import SupAPParams, supap_one_list
 
 SETTINGS = [(0.01, 100.0, 1.44, 0.05, 0.5), (0.05, 10.0, 1.0, 0.2, 0.0)]
 
@@ -31,3 +35,25 @@ def test_value_and_gradient_are_the_rank_form(params, chunk_size):
     assert float(grad[ignored].abs().max()) == 0.0
     _, no_grad = supap_one_list(scores, positive, negative, params, chunk_size, False)
     assert no_grad is None
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"temperature": 0.0}, "temperature must be a finite number > 0"),
+        ({"rho": -1.0}, "rho must be a finite number >= 0"),
+        ({"offset": math.inf}, "offset must be finite"),
+        ({"margin": math.nan}, "margin must be a finite number >= 0"),
+        ({"start": -0.5}, "start must be a finite number >= 0"),
+    ],
+)
+def test_params_are_checked_once_for_the_loss_and_the_kernel(bad, message):
+    settings = {"temperature": 0.01, "rho": 100.0, "offset": 1.44, "margin": 0.05, "start": 0.5}
+    with pytest.raises(ValueError, match=message):
+        SupAPParams.checked(**{**settings, **bad})
+    with pytest.raises(ValueError, match=message):
+        build_loss("supap", **bad)
+    scores, positive = torch.tensor([[0.3, 0.1]]), torch.tensor([[True, False]])
+    with pytest.raises(ValueError, match=message):
+        supap(scores, positive, torch.ones_like(positive), tuple({**settings, **bad}.values()))
+    assert SupAPParams.checked(**{**settings, "rho": 3}) == (0.01, 3.0, 1.44, 0.05, 0.5)

@@ -20,13 +20,18 @@ Formulas and tie rules are those of ``blackbox_ap`` and
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rl_gap import dist as shard_comm
 from rl_gap.losses.ap_surrogate import pessimistic_ranks
-from rl_gap.losses.supap_flat import DEFAULT_BLOCK_ELEMENTS
+from rl_gap.losses.common import sweep_with_gradient
+from rl_gap.losses.supap_flat import (
+    DEFAULT_BLOCK_ELEMENTS,
+    SupAPParams,
+    exact_part,
+    margin_counts,
+    step_gradient,
+)
 
 
 # ---------------------------------------------------------------------------- gBlackBox
@@ -97,91 +102,65 @@ def sharded_blackbox_ap(scores, positive, lambda_val, margin) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ gSupAP
-def _supap_parts(negs, anchors, params):
-    """This rank's negatives' exact-part partials per anchor: counts above δ, above 0, sum above δ."""
-    tau, rho, offset, margin, _ = params
-    neg_sorted = negs.sort().values
-    prefix = torch.cat(
-        [neg_sorted.new_zeros(1, dtype=torch.float64), neg_sorted.double().cumsum(0)]
-    )
-    anchors_plus = anchors + margin
-    not_above = torch.searchsorted(neg_sorted, anchors_plus, right=True)
-    count_above = (negs.numel() - not_above).double()
-    count_pos_side = (negs.numel() - torch.searchsorted(neg_sorted, anchors, right=True)).double()
-    sum_above = prefix[-1] - prefix[not_above]
-    return count_above, count_pos_side, sum_above
+def _sharded_supap_sweep(
+    work: torch.Tensor,
+    positive: torch.Tensor,
+    params: SupAPParams,
+    chunk_size: int | None,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Global SupAP and, with ``with_grad``, its gradient w.r.t. this rank's (n,) scores."""
+    rank, _ = shard_comm.require_group()
+    tau, _, _, margin, _ = params
+    dtype = work.dtype
+    pos_local, negs = work[positive], work[~positive]
+    sizes = shard_comm.all_gather_sizes(pos_local.numel(), work.device)
+    anchors = shard_comm.all_gather_ragged(pos_local, sizes)
+    num_pos, num_neg = anchors.numel(), negs.numel()
+    everyone = torch.ones(1, num_pos, dtype=torch.bool, device=work.device)
+    rank_pos = pessimistic_ranks(anchors[None], everyone)[0].double()
+    inv_tau, cap = 1.0 / tau, margin / tau
+    negs_scaled, anchors_scaled = negs * inv_tau, anchors * inv_tau
+    chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, num_neg))
+    block = work.new_empty(min(chunk, num_pos), num_neg)
+
+    def sweep(coef=None, grad_negs=None):
+        sums = torch.zeros(num_pos, dtype=torch.float64, device=work.device)
+        for start in range(0, num_pos, chunk):
+            part = slice(start, min(start + chunk, num_pos))
+            sig = block[: part.stop - part.start]
+            torch.sub(negs_scaled.unsqueeze(0), anchors_scaled[part].unsqueeze(1), out=sig)
+            sig.clamp_(max=cap).sigmoid_()
+            if coef is None:
+                sums[part] = sig.sum(1)
+                continue
+            deriv = sig.addcmul_(sig, sig, value=-1.0)
+            sums[part] = deriv.sum(1)
+            grad_negs += (coef[part] * inv_tau).to(dtype) @ deriv
+        return sums
+
+    packed = shard_comm.all_reduce(torch.cat([margin_counts(negs, anchors, margin), sweep()[None]]))
+    counts, sig_sum = packed[:3], packed[3]
+    rank_all = rank_pos + exact_part(counts, anchors, params) + sig_sum
+    ap = (rank_pos / rank_all).sum() / num_pos
+    if not with_grad:
+        return ap.to(dtype), None
+    coef = -rank_pos / (num_pos * rank_all.square())
+    grad_negs = work.new_zeros(num_neg)
+    dsig_sum = shard_comm.all_reduce(sweep(coef, grad_negs))
+    step_negs, step_anchors = step_gradient(negs, anchors, coef, counts[0], params)
+    grad_negs += step_negs.to(dtype)
+    deriv_anchor = dsig_sum * inv_tau + step_anchors
+    start = sum(sizes[:rank])
+    mine = slice(start, start + pos_local.numel())
+    grad = torch.zeros_like(work)
+    grad[~positive] = grad_negs
+    grad[positive] = (-coef[mine] * deriv_anchor[mine]).to(dtype)
+    return ap.to(dtype), grad
 
 
-class _ShardedSupAP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, positive, params, chunk_size):  # type: ignore[override]
-        rank, _ = shard_comm.require_group()
-        tau, rho, offset, margin, start_step = params
-        work = scores.detach()
-        dtype = work.dtype
-        pos_local, negs = work[positive], work[~positive]
-        sizes = shard_comm.all_gather_sizes(pos_local.numel(), work.device)
-        anchors = shard_comm.all_gather_ragged(pos_local, sizes)
-        num_pos, num_neg = anchors.numel(), negs.numel()
-        everyone = torch.ones(1, num_pos, dtype=torch.bool, device=work.device)
-        rank_pos = pessimistic_ranks(anchors[None], everyone)[0].double()
-        inv_tau, cap = 1.0 / tau, margin / tau
-        negs_scaled, anchors_scaled = negs * inv_tau, anchors * inv_tau
-        chunk = chunk_size or max(1, DEFAULT_BLOCK_ELEMENTS // max(1, num_neg))
-        block = work.new_empty(min(chunk, num_pos), num_neg)
-
-        def sweep(coef=None, grad_negs=None):
-            sums = torch.zeros(num_pos, dtype=torch.float64, device=work.device)
-            for start in range(0, num_pos, chunk):
-                part = slice(start, min(start + chunk, num_pos))
-                sig = block[: part.stop - part.start]
-                torch.sub(negs_scaled.unsqueeze(0), anchors_scaled[part].unsqueeze(1), out=sig)
-                sig.clamp_(max=cap).sigmoid_()
-                if coef is None:
-                    sums[part] = sig.sum(1)
-                    continue
-                deriv = sig.addcmul_(sig, sig, value=-1.0)
-                sums[part] = deriv.sum(1)
-                grad_negs += (coef[part] * inv_tau).to(dtype) @ deriv
-            return sums
-
-        count_above, count_pos_side, sum_above = _supap_parts(negs, anchors, params)
-        packed = torch.stack([count_above, count_pos_side, sum_above, sweep()])
-        count_above, count_pos_side, sum_above, sig_sum = shard_comm.all_reduce(packed)
-        sig_cap = 1.0 / (1.0 + math.exp(-margin / tau))
-        exact_part = (
-            rho * (sum_above - count_above * anchors.double())
-            + (offset - sig_cap) * count_above
-            + start_step * (count_pos_side - count_above)
-        )
-        rank_all = rank_pos + exact_part + sig_sum
-        ap = (rank_pos / rank_all).sum() / num_pos
-        if ctx.needs_input_grad[0]:
-            coef = -rank_pos / (num_pos * rank_all.square())
-            grad_negs = work.new_zeros(num_neg)
-            dsig_sum = shard_comm.all_reduce(sweep(coef, grad_negs))
-            jump = rho - sig_cap * (1.0 - sig_cap) * inv_tau
-            anchors_plus = anchors + margin
-            order = anchors_plus.argsort()
-            coef_prefix = torch.cat([coef.new_zeros(1), coef[order].cumsum(0)])
-            below = torch.searchsorted(anchors_plus[order], negs, right=False)
-            grad_negs += (jump * coef_prefix[below]).to(dtype)
-            deriv_anchor = dsig_sum * inv_tau + jump * count_above
-            start = sum(sizes[:rank])
-            mine = slice(start, start + pos_local.numel())
-            grad = torch.zeros_like(work)
-            grad[~positive] = grad_negs
-            grad[positive] = (-coef[mine] * deriv_anchor[mine]).to(dtype)
-            ctx.save_for_backward(grad)
-        return ap.to(dtype)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype), None, None, None
-
-
-def sharded_supap(scores, positive, params, chunk_size) -> torch.Tensor:
+def sharded_supap(
+    scores: torch.Tensor, positive: torch.Tensor, params: SupAPParams, chunk_size: int | None
+) -> torch.Tensor:
     """SupAP of the list concatenated over ranks ((n,) scores and positives per rank)."""
-    return _ShardedSupAP.apply(scores, positive, params, chunk_size)
+    return sweep_with_gradient(_sharded_supap_sweep, scores, positive, params, chunk_size)

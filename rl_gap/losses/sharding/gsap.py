@@ -29,7 +29,7 @@ import math
 import torch
 
 from rl_gap import dist as shard_comm
-from rl_gap.losses.common import compute_dtype
+from rl_gap.losses.common import compute_dtype, sweep_with_gradient
 from rl_gap.losses.fast_sap import binning as fast_binning
 from rl_gap.losses.fast_sap.binning import fine_moments
 from rl_gap.losses.fast_sap.grid import (
@@ -196,52 +196,51 @@ def _sigmoid_sums(items, num_local_pos, anchors, chunk, out, derivative, coef=No
     return out
 
 
-class _ShardedSmoothedAPExact(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores, positive, temperature, chunk_size):  # type: ignore[override]
-        work = scores.detach().to(compute_dtype(scores.dtype))
-        rank, _ = shard_comm.require_group()
-        inv_tau = 1.0 / temperature
-        pos_local, neg_local = work[positive], work[~positive]
-        sizes = shard_comm.all_gather_sizes(pos_local.numel(), work.device)
-        num_pos = sum(sizes)
-        if num_pos == 0:
-            raise ValueError("smoothed AP needs at least one positive item")
-        anchors = shard_comm.all_gather_ragged(pos_local, sizes) * inv_tau  # (P,) global order
-        items = torch.cat([pos_local, neg_local]) * inv_tau
-        npl = pos_local.numel()
-        chunk = chunk_size or auto_chunk_size(max(items.numel(), 1))
-        sums = work.new_zeros(2, num_pos)
-        if items.numel():
-            _sigmoid_sums(items, npl, anchors, chunk, sums, derivative=False)
-        shard_comm.all_reduce(sums)
-        rank_pos = sums[0] + 0.5  # the self term σ(0) = 1/2 is in the sum: 1 + Σ_{j≠i}
-        rank_neg = sums[1]
-        rank_all = rank_pos + rank_neg
-        sap = (rank_pos / rank_all).sum() / num_pos
-        if ctx.needs_input_grad[0]:
-            inv_sq = rank_all.pow(-2) * (inv_tau / num_pos)
-            coef = torch.stack([rank_neg * inv_sq, -rank_pos * inv_sq])  # ∂/∂R_P, ∂/∂R_N
-            grad_items = work.new_zeros(items.numel())
-            dsums = work.new_zeros(2, num_pos)
-            if items.numel():
-                _sigmoid_sums(items, npl, anchors, chunk, dsums, True, coef, grad_items)
-            shard_comm.all_reduce(dsums)
-            row = coef[0] * dsums[0] + coef[1] * dsums[1]
-            start = sum(sizes[:rank])
-            grad_items[:npl] -= row[start : start + npl]
-            grad = torch.empty_like(work)
-            grad[positive] = grad_items[:npl]
-            grad[~positive] = grad_items[npl:]
-            ctx.save_for_backward(grad)
-            ctx.input_dtype = scores.dtype
-        return sap.to(scores.dtype) if scores.dtype != work.dtype else sap
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        return (grad * grad_output.to(grad.dtype)).to(ctx.input_dtype), None, None, None
+def _sharded_exact_sweep(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    temperature: float,
+    chunk_size: int | None,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Global smoothed AP (in ``scores.dtype``) and, with ``with_grad``, its gradient w.r.t.
+    this rank's (n,) scores (in the compute dtype)."""
+    work = scores.to(compute_dtype(scores.dtype))
+    rank, _ = shard_comm.require_group()
+    inv_tau = 1.0 / temperature
+    pos_local, neg_local = work[positive], work[~positive]
+    sizes = shard_comm.all_gather_sizes(pos_local.numel(), work.device)
+    num_pos = sum(sizes)
+    if num_pos == 0:
+        raise ValueError("smoothed AP needs at least one positive item")
+    anchors = shard_comm.all_gather_ragged(pos_local, sizes) * inv_tau  # (P,) global order
+    items = torch.cat([pos_local, neg_local]) * inv_tau
+    npl = pos_local.numel()
+    chunk = chunk_size or auto_chunk_size(max(items.numel(), 1))
+    sums = work.new_zeros(2, num_pos)
+    if items.numel():
+        _sigmoid_sums(items, npl, anchors, chunk, sums, derivative=False)
+    shard_comm.all_reduce(sums)
+    rank_pos = sums[0] + 0.5  # the self term σ(0) = 1/2 is in the sum: 1 + Σ_{j≠i}
+    rank_neg = sums[1]
+    rank_all = rank_pos + rank_neg
+    sap = (rank_pos / rank_all).sum() / num_pos
+    if not with_grad:
+        return sap.to(scores.dtype), None
+    inv_sq = rank_all.pow(-2) * (inv_tau / num_pos)
+    coef = torch.stack([rank_neg * inv_sq, -rank_pos * inv_sq])  # ∂/∂R_P, ∂/∂R_N
+    grad_items = work.new_zeros(items.numel())
+    dsums = work.new_zeros(2, num_pos)
+    if items.numel():
+        _sigmoid_sums(items, npl, anchors, chunk, dsums, True, coef, grad_items)
+    shard_comm.all_reduce(dsums)
+    row = coef[0] * dsums[0] + coef[1] * dsums[1]
+    start = sum(sizes[:rank])
+    grad_items[:npl] -= row[start : start + npl]
+    grad = torch.empty_like(work)
+    grad[positive] = grad_items[:npl]
+    grad[~positive] = grad_items[npl:]
+    return sap.to(scores.dtype), grad
 
 
 def sharded_smoothed_ap_exact(
@@ -253,4 +252,6 @@ def sharded_smoothed_ap_exact(
         scores: (n,) this rank's kept flat scores; positive: (n,) bool.
         temperature: τ > 0; chunk_size: anchors per block (None: ~2^24-element blocks).
     """
-    return _ShardedSmoothedAPExact.apply(scores, positive, float(temperature), chunk_size)
+    return sweep_with_gradient(
+        _sharded_exact_sweep, scores, positive, float(temperature), chunk_size
+    )
