@@ -276,7 +276,7 @@ class ImageTextDataModule(CLIPDataModuleBase):
             annotations (Karpathy JSON), image_root, split: test}``.
         zero_shot: evaluation sets, each ``{name, root, classnames: null|file|
             list, templates: openai_imagenet|simple|[...]}``.
-        (see ``CLIPDataModuleBase`` for the rest)
+        **kwargs: batching and preprocessing, as in :class:`CLIPDataModuleBase`.
     """
 
     def __init__(
@@ -293,22 +293,9 @@ class ImageTextDataModule(CLIPDataModuleBase):
         seed: int = 0,
         retrieval: list[dict[str, Any]] | None = None,
         zero_shot: list[dict[str, Any]] | None = None,
-        batch_size: int = 256,
-        eval_batch_size: int | None = None,
-        num_workers: int = 4,
-        image_size: int | None = None,
-        mean: tuple[float, float, float] | None = None,
-        std: tuple[float, float, float] | None = None,
-        tokenizer: str | None = None,
-        interpolation: str | None = None,
-        resize_mode: str | None = None,
-        preprocess: dict[str, Any] | None = None,
-        batches_per_epoch: int | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer,
-            interpolation, resize_mode, preprocess, batches_per_epoch,
-        )  # fmt: skip
+        super().__init__(**kwargs)
         if train_table is not None and train_shards is not None:
             raise ValueError("give train_table or train_shards, not both")
         if train_shards is not None and not train_num_samples:
