@@ -350,7 +350,20 @@ class _SubsetDataset(Dataset):
         return x, y, index
 
 
-class SOPDataModule(MetricLearningDataModule):
+class _FolderDataModule(MetricLearningDataModule):
+    """A dataset in one folder whose layout reader lists each split: ``read(root, split)``."""
+
+    read: Callable[[str, str], ImageList]
+
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = root
+
+    def build_split(self, split: str, train: bool) -> Dataset:
+        return self.image_list_dataset(self.read(self.root, split), train)
+
+
+class SOPDataModule(_FolderDataModule):
     """Stanford Online Products: 11,318 train / 11,316 test classes (``Ebay_*.txt``).
 
     Args:
@@ -358,15 +371,10 @@ class SOPDataModule(MetricLearningDataModule):
         **kwargs: :class:`MetricLearningDataModule` settings.
     """
 
-    def __init__(self, root: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.root = root
-
-    def build_split(self, split: str, train: bool) -> Dataset:
-        return self.image_list_dataset(read_sop(self.root, split), train)
+    read = staticmethod(read_sop)
 
 
-class INaturalistDataModule(MetricLearningDataModule):
+class INaturalistDataModule(_FolderDataModule):
     """iNaturalist 2018, Smooth-AP's class-disjoint split (5,690 train / 2,452 test classes).
 
     Args:
@@ -384,14 +392,14 @@ class INaturalistDataModule(MetricLearningDataModule):
         test_list: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        self.root, self.lists = root, {"train": train_list, "test": test_list}
+        super().__init__(root, **kwargs)
+        self.lists = {"train": train_list, "test": test_list}
 
-    def build_split(self, split: str, train: bool) -> Dataset:
-        return self.image_list_dataset(read_inat(self.root, split, self.lists[split]), train)
+    def read(self, root: str, split: str) -> ImageList:
+        return read_inat(root, split, self.lists[split])
 
 
-class CUBDataModule(MetricLearningDataModule):
+class CUBDataModule(_FolderDataModule):
     """CUB-200-2011: classes 1-100 train, 101-200 test.
 
     Args:
@@ -399,12 +407,7 @@ class CUBDataModule(MetricLearningDataModule):
         **kwargs: :class:`MetricLearningDataModule` settings.
     """
 
-    def __init__(self, root: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.root = root
-
-    def build_split(self, split: str, train: bool) -> Dataset:
-        return self.image_list_dataset(read_cub(self.root, split), train)
+    read = staticmethod(read_cub)
 
 
 class ImageFolderDataModule(MetricLearningDataModule):
