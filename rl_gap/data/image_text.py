@@ -47,6 +47,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     webdataset_pairs,
 )
 from rl_gap.data.preprocess import FollowsModelPreprocess, recipe_values
+from rl_gap.data.resumable import check_batching
 from rl_gap.data.shard_stream import ResumableStreamLoader, ShardStream
 from rl_gap.models.preprocess import Preprocess, PreprocessError, find_preprocess
 
@@ -100,10 +101,7 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
         batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-        if batches_per_epoch is not None and batches_per_epoch < 1:
-            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        check_batching(batch_size, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.batch_size = int(batch_size)
         self._eval_batch_size = eval_batch_size

@@ -30,6 +30,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
 
+from rl_gap.data.resumable import check_batching, per_device_batch, resumable_train_loader
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -174,10 +176,7 @@ class SSLDataModule(L.LightningDataModule):
         batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if batches_per_epoch is not None and batches_per_epoch < 1:
-            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        check_batching(batch_size, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -206,16 +205,12 @@ class SSLDataModule(L.LightningDataModule):
     def _eval_batch(self) -> int:
         if self.eval_batch_size:
             return self.eval_batch_size
-        from rl_gap.data.resumable import per_device_batch
-
         return per_device_batch(self, self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled, seeded two-crop batches whose position is checkpointed (exact resume)."""
         if self.train_set is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not built the datasets")
-        from rl_gap.data.resumable import per_device_batch, resumable_train_loader
-
         return resumable_train_loader(
             self,
             self.train_set,
