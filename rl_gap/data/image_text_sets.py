@@ -235,24 +235,32 @@ def webdataset_pairs(
 
 
 # --------------------------------------------------------------- evaluation
-class RetrievalImages(Dataset):
-    """The image side of a retrieval set: images with their caption-group ids."""
+class EvalImages(Dataset):
+    """Images of an evaluation set, one integer each under ``key``: item ``i`` ->
+    ``{"image": (3, H, W) tensor, key: int, "index": i}``.
 
-    eval_role = RETRIEVAL_IMAGES
+    Args:
+        images: paths, PIL images or tensors (:func:`load_image`).
+        values: one integer per image (``key`` names it in the batch).
+        transform: PIL image -> (3, H, W) tensor.
+        name: the name metrics are logged under (``eval_name``).
+    """
+
+    key: str
 
     def __init__(
         self,
         images: Sequence[ImageItem],
-        groups: Sequence[int],
-        transform: Transform | None = None,
-        name: str = "retrieval",
+        values: Sequence[int],
+        transform: Transform | None,
+        name: str,
     ) -> None:
-        if len(images) != len(groups) or len(images) == 0:
+        if len(images) != len(values) or len(images) == 0:
             raise ValueError(
-                f"retrieval images need one group id per image and ≥1 image, got "
-                f"{len(images)} images and {len(groups)} groups"
+                f"{type(self).__name__} needs one {self.key} per image and ≥1 image, got "
+                f"{len(images)} images and {len(values)} {self.key}s"
             )
-        self.images, self.groups = list(images), [int(g) for g in groups]
+        self.images, self.values = list(images), [int(v) for v in values]
         self.transform, self.eval_name = transform, name
 
     def __len__(self) -> int:
@@ -261,9 +269,29 @@ class RetrievalImages(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {
             "image": load_image(self.images[i], self.transform),
-            "group": self.groups[i],
+            self.key: self.values[i],
             "index": i,
         }
+
+
+class RetrievalImages(EvalImages):
+    """The image side of a retrieval set: images with their caption-group ids (``groups``)."""
+
+    eval_role = RETRIEVAL_IMAGES
+    key = "group"
+
+    def __init__(
+        self,
+        images: Sequence[ImageItem],
+        groups: Sequence[int],
+        transform: Transform | None = None,
+        name: str = "retrieval",
+    ) -> None:
+        super().__init__(images, groups, transform, name)
+
+    @property
+    def groups(self) -> list[int]:
+        return self.values
 
 
 class RetrievalTexts(Dataset):
