@@ -22,6 +22,7 @@ evaluation ``{"image": x, "label": y}``.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,7 +99,26 @@ def eval_transform(
     return T.Compose([*steps, T.ToTensor(), T.Normalize(mean, std)])
 
 
-class TwoCropDataset(Dataset):
+class LabelledImagesView(Dataset, abc.ABC):
+    """A labelled image dataset (``base[i]`` -> ``(PIL image, label)``) seen through
+    :meth:`item`, which turns one image, its label and its index into a batch entry."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image, label = self.base[index]
+        return self.item(image, int(label), index)
+
+    @abc.abstractmethod
+    def item(self, image: Any, label: int, index: int) -> dict[str, Any]:
+        """The batch entry of ``base[index]``."""
+
+
+class TwoCropDataset(LabelledImagesView):
     """Wraps a labelled image dataset; item ``i`` -> ``{"views": [v1, v2], "label": y}``.
 
     Args:
@@ -107,31 +127,22 @@ class TwoCropDataset(Dataset):
     """
 
     def __init__(self, base: Dataset, view1: Callable, view2: Callable) -> None:
-        self.base = base
-        self.view1 = view1
-        self.view2 = view2
+        super().__init__(base)
+        self.view1, self.view2 = view1, view2
 
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        image, label = self.base[index]
-        return {"views": [self.view1(image), self.view2(image)], "label": int(label)}
+    def item(self, image: Any, label: int, index: int) -> dict[str, Any]:
+        return {"views": [self.view1(image), self.view2(image)], "label": label}
 
 
-class EvalDataset(Dataset):
+class EvalDataset(LabelledImagesView):
     """Wraps a labelled image dataset; item ``i`` -> ``{"image": x, "label": y, "index": i}``."""
 
     def __init__(self, base: Dataset, transform: Callable) -> None:
-        self.base = base
+        super().__init__(base)
         self.transform = transform
 
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        image, label = self.base[index]
-        return {"image": self.transform(image), "label": int(label), "index": index}
+    def item(self, image: Any, label: int, index: int) -> dict[str, Any]:
+        return {"image": self.transform(image), "label": label, "index": index}
 
 
 def fixed_subset_indices(n: int, size: int | None, seed: int = 0) -> list[int]:
