@@ -38,11 +38,11 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     RetrievalImages,
     RetrievalTexts,
     Transform,
-    caption_table_retrieval_sets,
     karpathy_retrieval_sets,
     load_image,
     read_caption_table,
     read_karpathy_split,
+    retrieval_sets,
     stable_group_id,
     webdataset_pairs,
 )
@@ -346,15 +346,15 @@ class ImageTextDataModule(CLIPDataModuleBase):
         sets: list[Dataset] = []
         for spec in self.retrieval:
             if "table" in spec:
-                images, texts = caption_table_retrieval_sets(
+                table = CaptionTableDataset(
                     spec["table"],
                     spec.get("image_root"),
                     spec.get("image_key", self.table_options["image_key"]),
                     spec.get("caption_key", self.table_options["caption_key"]),
                     spec.get("separator", self.table_options["separator"]),
                     transform=transform,
-                    name=spec.get("name", Path(spec["table"]).stem),
                 )
+                images, texts = table.retrieval_sets(spec.get("name", Path(spec["table"]).stem))
                 sets += [images, texts]
                 continue
             images, texts = karpathy_retrieval_sets(
@@ -389,11 +389,11 @@ __all__ = [
     "RetrievalImages",
     "RetrievalTexts",
     "Transform",
-    "caption_table_retrieval_sets",
     "karpathy_retrieval_sets",
     "load_image",
     "read_caption_table",
     "read_karpathy_split",
+    "retrieval_sets",
     "stable_group_id",
     "webdataset_pairs",
     "CLIPDataModuleBase",

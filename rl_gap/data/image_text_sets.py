@@ -159,6 +159,14 @@ class CaptionTableDataset(Dataset):
             "group": int(self.groups[i]),
         }
 
+    def retrieval_sets(self, name: str = "retrieval") -> tuple[RetrievalImages, RetrievalTexts]:
+        """The table as an (images, captions) evaluation pair (a held-out table in the training
+        table's layout): each distinct image once, in order of first appearance, every row a
+        caption relevant to its image."""
+        index: dict[str, int] = {}
+        owners = [index.setdefault(path, len(index)) for path in self.images]
+        return retrieval_sets(list(index), self.captions, owners, self.transform, name)
+
 
 def _shard_list(shards: str | Sequence[str]) -> list[str]:
     """Expand a brace pattern (``cc12m-{00000..01242}.tar``) or a list of paths."""
@@ -359,6 +367,21 @@ def read_karpathy_split(
     return images, captions, owners
 
 
+def retrieval_sets(
+    images: Sequence[ImageItem],
+    captions: Sequence[str],
+    owners: Sequence[int],
+    transform: Transform | None,
+    name: str,
+) -> tuple[RetrievalImages, RetrievalTexts]:
+    """The (images, captions) evaluation pair where caption ``t`` belongs to image
+    ``owners[t]``: each image is its own caption group."""
+    return (
+        RetrievalImages(images, list(range(len(images))), transform, name),
+        RetrievalTexts(captions, owners, name),
+    )
+
+
 def karpathy_retrieval_sets(
     annotations: str | os.PathLike,
     image_root: str | os.PathLike,
@@ -367,33 +390,7 @@ def karpathy_retrieval_sets(
     name: str = "retrieval",
 ) -> tuple[RetrievalImages, RetrievalTexts]:
     """The (images, captions) evaluation pair of a Karpathy split; group = image."""
-    images, captions, owners = read_karpathy_split(annotations, image_root, split)
-    return (
-        RetrievalImages(images, list(range(len(images))), transform, name),
-        RetrievalTexts(captions, owners, name),
-    )
-
-
-def caption_table_retrieval_sets(
-    path: str | os.PathLike,
-    image_root: str | os.PathLike | None = None,
-    image_key: str = "filepath",
-    caption_key: str = "title",
-    separator: str | None = None,
-    transform: Transform | None = None,
-    name: str = "retrieval",
-) -> tuple[RetrievalImages, RetrievalTexts]:
-    """The (images, captions) evaluation pair of a held-out caption table (the training
-    table's layout): each distinct image once, every row a caption relevant to its image."""
-    paths, captions = read_caption_table(path, image_key, caption_key, separator)
-    root = Path(image_root) if image_root is not None else Path(path).parent
-    index: dict[str, int] = {}
-    owners = [index.setdefault(str(root / p), len(index)) for p in paths]
-    images = list(index)  # first appearance order
-    return (
-        RetrievalImages(images, list(range(len(images))), transform, name),
-        RetrievalTexts(captions, owners, name),
-    )
+    return retrieval_sets(*read_karpathy_split(annotations, image_root, split), transform, name)
 
 
 class KarpathyPairs(Dataset):
