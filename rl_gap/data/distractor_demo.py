@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import Dataset
 
 from rl_gap.data.distractor_layouts import BACKGROUND, NO_MATCH
-from rl_gap.data.metric_learning import InMemoryDataModule, TensorImageDataset
+from rl_gap.data.metric_learning import InMemoryDataModule
+from rl_gap.data.ml_datasets import TensorImageDataset
 from rl_gap.metrics.distractor import ROLE_BACKGROUND, ROLE_DATABASE, ROLE_QUERY
 from rl_gap.metrics.functional.score_norm import ScoreNorm
 

@@ -27,7 +27,8 @@ import torch
 from torch.utils.data import Dataset
 
 from rl_gap.data.glyphs import DEJAVU_DIR, demo_characters, font_paths, render_glyph, render_specs
-from rl_gap.data.metric_learning import InMemoryDataModule, TensorImageDataset
+from rl_gap.data.metric_learning import InMemoryDataModule
+from rl_gap.data.ml_datasets import TensorImageDataset
 
 
 def split_alphabet(train_classes: int, test_classes: int, split_seed: int) -> tuple[str, str]:

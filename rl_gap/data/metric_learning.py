@@ -20,6 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from rl_gap.data.ml_datasets import (
+    ImageListDataset,
+    SubsetDataset,
+    TensorImageDataset,
+    select_queries,
+)
 from rl_gap.data.ml_layouts import (
     ImageList,
     read_cub,
@@ -35,71 +41,6 @@ from rl_gap.data.preprocess import (
 )
 from rl_gap.data.sampler import MPerClassBatchSampler, ResumableBatchLoader, ShardSampler
 from rl_gap.models.preprocess import CONVNET_PREPROCESS, IMAGENET_MEAN, IMAGENET_STD  # noqa: F401
-
-
-class ImageListDataset(Dataset):
-    """Images read from files with PIL (RGB); returns ``(transform(image), label, index)``."""
-
-    def __init__(
-        self, items: ImageList, transform: Callable[[Any], torch.Tensor], check_files: bool = True
-    ) -> None:
-        self.paths = list(items.paths)
-        self.labels = torch.as_tensor(items.labels, dtype=torch.long)
-        self.transform = transform
-        if check_files:  # found at setup, not mid-epoch (one os.path.exists per file)
-            from rl_gap.data.ml_layouts import missing_files
-
-            missing = missing_files(self.paths)
-            if missing:
-                raise FileNotFoundError(
-                    f"{len(missing)} of {len(self.paths)} images listed in the dataset are "
-                    f"missing: {', '.join(map(str, missing[:5]))}"
-                    f"{' ...' if len(missing) > 5 else ''} (check_files=false skips this check)"
-                )
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
-        from rl_gap.data.ml_layouts import open_rgb
-
-        path = self.paths[index]
-        if not path.is_file():
-            raise FileNotFoundError(f"image listed in the dataset is missing: {path}")
-        x = self.transform(open_rgb(path))  # a corrupt/truncated file: OSError naming it
-        return x, int(self.labels[index]), index
-
-
-class TensorImageDataset(Dataset):
-    """In-memory images (N, C, H, W) already normalised; returns ``(image, label, index)``."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if images.ndim != 4 or images.shape[0] != labels.shape[0]:
-            raise ValueError(
-                f"images must be (N, C, H, W) with N = len(labels); got {tuple(images.shape)} "
-                f"and {tuple(labels.shape)}"
-            )
-        self.images = images
-        self.labels = labels.long()
-
-    def __len__(self) -> int:
-        return self.images.shape[0]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
-        return self.images[index], int(self.labels[index]), index
-
-
-def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch.Tensor:
-    """Sorted indices of ``per_class`` random items of every class (all of a smaller class)."""
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(labels), generator=g)
-    picked = []
-    seen: dict[int, int] = {}
-    for i, y in zip(order.tolist(), labels[order].tolist()):
-        if seen.get(y, 0) < per_class:
-            seen[y] = seen.get(y, 0) + 1
-            picked.append(i)
-    return torch.tensor(sorted(picked), dtype=torch.long)
 
 
 class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, abc.ABC):
@@ -230,7 +171,7 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
                         train.labels, self.class_fraction, self.images_per_class, self.seed
                     )
                 ] = True
-                self.datasets["train"] = _SubsetDataset(train, keep)
+                self.datasets["train"] = SubsetDataset(train, keep)
         if "test" not in self.datasets:
             self.datasets["test"] = self.build_split("test", train=False)
         self.datasets.setdefault("val", self.datasets["test"])
@@ -256,7 +197,7 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
         held = classes[torch.randperm(len(classes), generator=g)[:count]]
         is_val = torch.isin(labels, held)
         val = self.build_split("train", train=False)
-        return _SubsetDataset(train, ~is_val), _SubsetDataset(val, is_val)
+        return SubsetDataset(train, ~is_val), SubsetDataset(val, is_val)
 
     def validation_source(self) -> str | None:
         """What validation evaluates: a held-out split of the training classes (its
@@ -332,22 +273,6 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
 
     def predict_dataloader(self) -> DataLoader:
         return self._eval_dataloader("test")
-
-
-class _SubsetDataset(Dataset):
-    """Rows ``keep`` of a dataset, re-indexed 0..n-1 (indices stay unique per split)."""
-
-    def __init__(self, base: Dataset, keep: torch.Tensor) -> None:
-        self.base = base
-        self.rows = torch.nonzero(keep).flatten()
-        self.labels = base.labels[self.rows]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int):
-        x, y, _ = self.base[int(self.rows[index])]
-        return x, y, index
 
 
 class _FolderDataModule(MetricLearningDataModule):
