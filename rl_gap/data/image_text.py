@@ -42,7 +42,7 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     load_image,
     read_caption_table,
     read_karpathy_split,
-    retrieval_sets,
+    retrieval_pair,
     stable_group_id,
     webdataset_pairs,
 )
@@ -393,7 +393,7 @@ __all__ = [
     "load_image",
     "read_caption_table",
     "read_karpathy_split",
-    "retrieval_sets",
+    "retrieval_pair",
     "stable_group_id",
     "webdataset_pairs",
     "CLIPDataModuleBase",

@@ -165,7 +165,7 @@ class CaptionTableDataset(Dataset):
         caption relevant to its image."""
         index: dict[str, int] = {}
         owners = [index.setdefault(path, len(index)) for path in self.images]
-        return retrieval_sets(list(index), self.captions, owners, self.transform, name)
+        return retrieval_pair(list(index), self.captions, owners, self.transform, name)
 
 
 def _shard_list(shards: str | Sequence[str]) -> list[str]:
@@ -367,7 +367,7 @@ def read_karpathy_split(
     return images, captions, owners
 
 
-def retrieval_sets(
+def retrieval_pair(
     images: Sequence[ImageItem],
     captions: Sequence[str],
     owners: Sequence[int],
@@ -390,7 +390,7 @@ def karpathy_retrieval_sets(
     name: str = "retrieval",
 ) -> tuple[RetrievalImages, RetrievalTexts]:
     """The (images, captions) evaluation pair of a Karpathy split; group = image."""
-    return retrieval_sets(*read_karpathy_split(annotations, image_root, split), transform, name)
+    return retrieval_pair(*read_karpathy_split(annotations, image_root, split), transform, name)
 
 
 class KarpathyPairs(Dataset):
