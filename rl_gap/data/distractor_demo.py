@@ -9,17 +9,20 @@ download; runs end to end in about a minute (``recipes/demo/mnist_distractor_gsa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from rl_gap.data.distractor_layouts import BACKGROUND, NO_MATCH
-from rl_gap.data.metric_learning import MetricLearningDataModule, TensorImageDataset
+from rl_gap.data.metric_learning import InMemoryDataModule
+from rl_gap.data.ml_datasets import TensorImageDataset
 from rl_gap.metrics.distractor import ROLE_BACKGROUND, ROLE_DATABASE, ROLE_QUERY
 from rl_gap.metrics.functional.score_norm import ScoreNorm
 
 
-class MNISTDistractorDemoDataModule(MetricLearningDataModule):
+class MNISTDistractorDemoDataModule(InMemoryDataModule):
     """MNIST-5k with distractor queries.
 
     Args:
@@ -31,12 +34,11 @@ class MNISTDistractorDemoDataModule(MetricLearningDataModule):
         background_size: training images used as the normalisation background.
         score_norm / score_norm_beta / score_norm_neighbors: as
             ``rl_gap.data.distractor_sets.DistractorDataModule``.
-        batch_size / m_per_class / eval_batch_size / num_workers / seed: as
-            ``MetricLearningDataModule``.
+        **kwargs: ``batch_size``, ``m_per_class``, ``eval_batch_size``, ``num_workers``,
+            ``batches_per_epoch``, ``seed``: as ``MetricLearningDataModule``.
     """
 
     MEAN, STD = 0.1307, 0.3081
-    follows_model = False  # in memory, normalised once with MNIST's own statistics
 
     def __init__(
         self,
@@ -48,18 +50,17 @@ class MNISTDistractorDemoDataModule(MetricLearningDataModule):
         score_norm: bool = True,
         score_norm_beta: float = 1.0,
         score_norm_neighbors: tuple[int, int] = (0, 2),
-        batch_size: int = 100,
-        m_per_class: int = 20,
-        eval_batch_size: int = 500,
-        num_workers: int = 0,
-        batches_per_epoch: int | None = None,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
+        # the evaluation split is built from roles: no class held out, no subset, no query choice
         super().__init__(
-            batch_size=batch_size, m_per_class=m_per_class, eval_batch_size=eval_batch_size,
-            num_workers=num_workers, image_size=28, augment=False,
-            batches_per_epoch=batches_per_epoch, seed=seed,
-        )  # fmt: skip
+            image_size=28,
+            val_split=0.0,
+            queries_per_class=None,
+            class_fraction=1.0,
+            images_per_class=None,
+            **kwargs,
+        )
         groups = [set(train_digits), set(database_digits), set(distractor_digits)]
         if any(a & b for i, a in enumerate(groups) for b in groups[i + 1 :]):
             raise ValueError(
@@ -83,8 +84,7 @@ class MNISTDistractorDemoDataModule(MetricLearningDataModule):
         from rl_gap.data.mnist import load_mnist_5k
 
         images, labels = load_mnist_5k()
-        x = torch.from_numpy(images).float().div_(255).sub_(self.MEAN).div_(self.STD)[:, None]
-        return x, torch.from_numpy(np.asarray(labels)).long()
+        return self.normalise(images)[:, None], torch.from_numpy(np.asarray(labels)).long()
 
     def build_split(self, split: str, train: bool) -> Dataset:
         x, y = self._digits()

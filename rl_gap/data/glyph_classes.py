@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from rl_gap.data.glyphs import DEJAVU_DIR, demo_characters, font_paths, render_glyph, render_specs
-from rl_gap.data.metric_learning import MetricLearningDataModule, TensorImageDataset
+from rl_gap.data.metric_learning import InMemoryDataModule
+from rl_gap.data.ml_datasets import TensorImageDataset
 
 
 def split_alphabet(train_classes: int, test_classes: int, split_seed: int) -> tuple[str, str]:
@@ -83,7 +85,7 @@ def render_classes(
     return images, labels
 
 
-class GlyphClassesDataModule(MetricLearningDataModule):
+class GlyphClassesDataModule(InMemoryDataModule):
     """Glyph identity as a class-disjoint metric-learning task (see module doc).
 
     Args:
@@ -96,13 +98,14 @@ class GlyphClassesDataModule(MetricLearningDataModule):
         split_seed: seed of the train/test split of the alphabet.
         render_seed: seed of the renderings drawn per character (test: ``render_seed + 1``).
         font_dir: folder holding the DejaVu core fonts.
-        batch_size, m_per_class, eval_batch_size, num_workers, val_split,
-        queries_per_class, batches_per_epoch, seed: as in
+        batch_size, m_per_class, eval_batch_size: as in
+            :class:`~rl_gap.data.metric_learning.MetricLearningDataModule`.
+        **kwargs: ``num_workers``, ``val_split``, ``queries_per_class``,
+            ``batches_per_epoch``, ``seed``: as in
             :class:`~rl_gap.data.metric_learning.MetricLearningDataModule`.
     """
 
     MEAN, STD = 0.9, 0.25  # white canvas, thin black strokes: inputs near zero mean, unit scale
-    follows_model = False  # in memory, normalised once with the glyphs' own statistics
 
     def __init__(
         self,
@@ -117,24 +120,16 @@ class GlyphClassesDataModule(MetricLearningDataModule):
         batch_size: int = 128,
         m_per_class: int = 4,
         eval_batch_size: int = 512,
-        num_workers: int = 0,
-        val_split: float = 0.0,
-        queries_per_class: int | None = None,
-        batches_per_epoch: int | None = None,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
+        super().__init__(  # the full alphabet split: no scarce-data subset
+            image_size=canvas,
             batch_size=batch_size,
             m_per_class=m_per_class,
             eval_batch_size=eval_batch_size,
-            num_workers=num_workers,
-            image_size=canvas,
-            augment=False,
-            check_files=False,
-            val_split=val_split,
-            queries_per_class=queries_per_class,
-            batches_per_epoch=batches_per_epoch,
-            seed=seed,
+            class_fraction=1.0,
+            images_per_class=None,
+            **kwargs,
         )
         if canvas < 8:
             raise ValueError(f"canvas must be >= 8 pixels, got {canvas}")
@@ -154,5 +149,4 @@ class GlyphClassesDataModule(MetricLearningDataModule):
             self.chars[split], self.renders[split], self.canvas, self.render_seeds[split],
             self.font_dir,
         )  # fmt: skip
-        x = torch.from_numpy(images).float().div_(255).sub_(self.MEAN).div_(self.STD)
-        return TensorImageDataset(x[:, None], torch.from_numpy(labels))
+        return TensorImageDataset(self.normalise(images)[:, None], torch.from_numpy(labels))

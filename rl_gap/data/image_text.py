@@ -38,15 +38,16 @@ from rl_gap.data.image_text_sets import (  # re-exported: one import path for us
     RetrievalImages,
     RetrievalTexts,
     Transform,
-    caption_table_retrieval_sets,
     karpathy_retrieval_sets,
     load_image,
     read_caption_table,
     read_karpathy_split,
+    retrieval_pair,
     stable_group_id,
     webdataset_pairs,
 )
 from rl_gap.data.preprocess import FollowsModelPreprocess, recipe_values
+from rl_gap.data.resumable import check_batching
 from rl_gap.data.shard_stream import ResumableStreamLoader, ShardStream
 from rl_gap.models.preprocess import Preprocess, PreprocessError, find_preprocess
 
@@ -100,10 +101,7 @@ class CLIPDataModuleBase(FollowsModelPreprocess, L.LightningDataModule):
         batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
-        if batches_per_epoch is not None and batches_per_epoch < 1:
-            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        check_batching(batch_size, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.batch_size = int(batch_size)
         self._eval_batch_size = eval_batch_size
@@ -276,7 +274,7 @@ class ImageTextDataModule(CLIPDataModuleBase):
             annotations (Karpathy JSON), image_root, split: test}``.
         zero_shot: evaluation sets, each ``{name, root, classnames: null|file|
             list, templates: openai_imagenet|simple|[...]}``.
-        (see ``CLIPDataModuleBase`` for the rest)
+        **kwargs: batching and preprocessing, as in :class:`CLIPDataModuleBase`.
     """
 
     def __init__(
@@ -293,22 +291,9 @@ class ImageTextDataModule(CLIPDataModuleBase):
         seed: int = 0,
         retrieval: list[dict[str, Any]] | None = None,
         zero_shot: list[dict[str, Any]] | None = None,
-        batch_size: int = 256,
-        eval_batch_size: int | None = None,
-        num_workers: int = 4,
-        image_size: int | None = None,
-        mean: tuple[float, float, float] | None = None,
-        std: tuple[float, float, float] | None = None,
-        tokenizer: str | None = None,
-        interpolation: str | None = None,
-        resize_mode: str | None = None,
-        preprocess: dict[str, Any] | None = None,
-        batches_per_epoch: int | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            batch_size, eval_batch_size, num_workers, image_size, mean, std, tokenizer,
-            interpolation, resize_mode, preprocess, batches_per_epoch,
-        )  # fmt: skip
+        super().__init__(**kwargs)
         if train_table is not None and train_shards is not None:
             raise ValueError("give train_table or train_shards, not both")
         if train_shards is not None and not train_num_samples:
@@ -361,15 +346,15 @@ class ImageTextDataModule(CLIPDataModuleBase):
         sets: list[Dataset] = []
         for spec in self.retrieval:
             if "table" in spec:
-                images, texts = caption_table_retrieval_sets(
+                table = CaptionTableDataset(
                     spec["table"],
                     spec.get("image_root"),
                     spec.get("image_key", self.table_options["image_key"]),
                     spec.get("caption_key", self.table_options["caption_key"]),
                     spec.get("separator", self.table_options["separator"]),
                     transform=transform,
-                    name=spec.get("name", Path(spec["table"]).stem),
                 )
+                images, texts = table.retrieval_sets(spec.get("name", Path(spec["table"]).stem))
                 sets += [images, texts]
                 continue
             images, texts = karpathy_retrieval_sets(
@@ -404,11 +389,11 @@ __all__ = [
     "RetrievalImages",
     "RetrievalTexts",
     "Transform",
-    "caption_table_retrieval_sets",
     "karpathy_retrieval_sets",
     "load_image",
     "read_caption_table",
     "read_karpathy_split",
+    "retrieval_pair",
     "stable_group_id",
     "webdataset_pairs",
     "CLIPDataModuleBase",

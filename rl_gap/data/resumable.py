@@ -137,6 +137,15 @@ def per_device_batch(datamodule: Any, global_batch: int) -> int:
     return global_batch // world
 
 
+def check_batching(batch_size: int, batches_per_epoch: int | None) -> None:
+    """Refuse a global ``batch_size`` below 1 and a ``batches_per_epoch`` below 1 (None: as
+    many full global batches as the data holds), each in one line naming the setting."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batches_per_epoch is not None and batches_per_epoch < 1:
+        raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+
+
 def resumable_train_loader(
     datamodule: Any,
     dataset: Dataset,

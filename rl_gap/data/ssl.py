@@ -22,6 +22,7 @@ evaluation ``{"image": x, "label": y}``.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms as T
+
+from rl_gap.data.resumable import check_batching, per_device_batch, resumable_train_loader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -96,7 +99,26 @@ def eval_transform(
     return T.Compose([*steps, T.ToTensor(), T.Normalize(mean, std)])
 
 
-class TwoCropDataset(Dataset):
+class LabelledImagesView(Dataset, abc.ABC):
+    """A labelled image dataset (``base[i]`` -> ``(PIL image, label)``) seen through
+    :meth:`item`, which turns one image, its label and its index into a batch entry."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image, label = self.base[index]
+        return self.item(image, int(label), index)
+
+    @abc.abstractmethod
+    def item(self, image: Any, label: int, index: int) -> dict[str, Any]:
+        """The batch entry of ``base[index]``."""
+
+
+class TwoCropDataset(LabelledImagesView):
     """Wraps a labelled image dataset; item ``i`` -> ``{"views": [v1, v2], "label": y}``.
 
     Args:
@@ -105,31 +127,22 @@ class TwoCropDataset(Dataset):
     """
 
     def __init__(self, base: Dataset, view1: Callable, view2: Callable) -> None:
-        self.base = base
-        self.view1 = view1
-        self.view2 = view2
+        super().__init__(base)
+        self.view1, self.view2 = view1, view2
 
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        image, label = self.base[index]
-        return {"views": [self.view1(image), self.view2(image)], "label": int(label)}
+    def item(self, image: Any, label: int, index: int) -> dict[str, Any]:
+        return {"views": [self.view1(image), self.view2(image)], "label": label}
 
 
-class EvalDataset(Dataset):
+class EvalDataset(LabelledImagesView):
     """Wraps a labelled image dataset; item ``i`` -> ``{"image": x, "label": y, "index": i}``."""
 
     def __init__(self, base: Dataset, transform: Callable) -> None:
-        self.base = base
+        super().__init__(base)
         self.transform = transform
 
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        image, label = self.base[index]
-        return {"image": self.transform(image), "label": int(label), "index": index}
+    def item(self, image: Any, label: int, index: int) -> dict[str, Any]:
+        return {"image": self.transform(image), "label": label, "index": index}
 
 
 def fixed_subset_indices(n: int, size: int | None, seed: int = 0) -> list[int]:
@@ -174,10 +187,7 @@ class SSLDataModule(L.LightningDataModule):
         batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if batches_per_epoch is not None and batches_per_epoch < 1:
-            raise ValueError(f"batches_per_epoch must be >= 1 or None, got {batches_per_epoch}")
+        check_batching(batch_size, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -206,16 +216,12 @@ class SSLDataModule(L.LightningDataModule):
     def _eval_batch(self) -> int:
         if self.eval_batch_size:
             return self.eval_batch_size
-        from rl_gap.data.resumable import per_device_batch
-
         return per_device_batch(self, self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled, seeded two-crop batches whose position is checkpointed (exact resume)."""
         if self.train_set is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not built the datasets")
-        from rl_gap.data.resumable import per_device_batch, resumable_train_loader
-
         return resumable_train_loader(
             self,
             self.train_set,

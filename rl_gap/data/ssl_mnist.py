@@ -8,6 +8,8 @@ kernel); colour jitter reduces to brightness/contrast on grey images.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from PIL import Image
@@ -54,8 +56,7 @@ class MNIST5kSSLDataModule(SSLDataModule):
         crop_min: RandomResizedCrop's smallest area (0.3: a 0.08 crop of a
             28-pixel digit is mostly background).
         seed: seed of the split.
-        batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch: see
-            :class:`SSLDataModule` (``batch_size`` is the global batch).
+        **kwargs: batching, as in :class:`SSLDataModule` (``batch_size`` is the global batch).
     """
 
     def __init__(
@@ -63,13 +64,9 @@ class MNIST5kSSLDataModule(SSLDataModule):
         num_train: int = 4000,
         crop_min: float = 0.3,
         seed: int = 0,
-        batch_size: int = 256,
-        num_workers: int = 0,
-        eval_batch_size: int | None = None,
-        pin_memory: bool = False,
-        batches_per_epoch: int | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(batch_size, num_workers, eval_batch_size, pin_memory, batches_per_epoch)
+        super().__init__(**kwargs)
         if not 0 < num_train < 5000:
             raise ValueError(f"num_train must lie in (0, 5000), got {num_train}")
         self.num_train = num_train

@@ -18,9 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Dataset
-
-from rl_gap.data.image_text_sets import ZERO_SHOT, Transform, load_image
+from rl_gap.data.image_text_sets import ZERO_SHOT, EvalImages, Transform
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
 
@@ -94,7 +92,21 @@ def resolve_classnames(
     return names
 
 
-class FolderClassification(Dataset):
+class ZeroShotImages(EvalImages):
+    """Images of a zero-shot classification set with their class (``labels``), the class
+    names and the prompt templates; items ``{"image": tensor, "label": int, "index": int}``."""
+
+    eval_role = ZERO_SHOT
+    key = "label"
+    classnames: list[str]
+    templates: list[str | Callable[[str], str]]
+
+    @property
+    def labels(self) -> list[int]:
+        return self.values
+
+
+class FolderClassification(ZeroShotImages):
     """Images of a folder-per-class dataset for zero-shot classification.
 
     Args:
@@ -106,8 +118,6 @@ class FolderClassification(Dataset):
 
     Items: ``{"image": tensor, "label": int, "index": int}``.
     """
-
-    eval_role = ZERO_SHOT
 
     def __init__(
         self,
@@ -133,23 +143,15 @@ class FolderClassification(Dataset):
             self.samples.extend((str(p), label) for p in files)
         if not self.samples:
             raise ValueError(f"no images with extensions {IMAGE_EXTENSIONS} under {root}")
+        paths, labels = zip(*self.samples)
+        super().__init__(paths, labels, transform, name)
         self.folders = folders
         self.classnames = resolve_classnames(folders, classnames)
         self.templates = template_set(templates)
-        self.transform, self.eval_name = transform, name
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        path, label = self.samples[i]
-        return {"image": load_image(path, self.transform), "label": label, "index": i}
 
 
-class InMemoryClassification(Dataset):
+class InMemoryClassification(ZeroShotImages):
     """A zero-shot set from in-memory images (the glyph demo's held-out characters)."""
-
-    eval_role = ZERO_SHOT
 
     def __init__(
         self,
@@ -160,20 +162,7 @@ class InMemoryClassification(Dataset):
         transform: Transform | None = None,
         name: str = "zero_shot",
     ) -> None:
-        if len(images) != len(labels) or not images:
-            raise ValueError(f"{len(images)} images for {len(labels)} labels (need ≥1, equal)")
-        if min(labels) < 0 or max(labels) >= len(classnames):
-            raise ValueError(f"labels must lie in [0, {len(classnames)}), got {min(labels)}..")
-        self.images, self.labels = list(images), [int(v) for v in labels]
+        super().__init__(images, labels, transform, name)
+        if min(self.labels) < 0 or max(self.labels) >= len(classnames):
+            raise ValueError(f"labels must lie in [0, {len(classnames)}), got {min(self.labels)}..")
         self.classnames, self.templates = list(classnames), template_set(templates)
-        self.transform, self.eval_name = transform, name
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {
-            "image": load_image(self.images[i], self.transform),
-            "label": self.labels[i],
-            "index": i,
-        }

@@ -52,6 +52,23 @@ def test_caption_table_tsv_groups_rows_sharing_an_image(tmp_path):
     assert items[0]["group"] == items[2]["group"] != items[1]["group"]
 
 
+def test_held_out_caption_table_as_retrieval_sets(tmp_path):
+    """Each distinct image once in order of first appearance; a caption's group is its image."""
+    write_images(tmp_path / "img", [("a.png", 10), ("b.png", 20), ("c.png", 30)])
+    (tmp_path / "held.csv").write_text(
+        "filepath,title\nimg/b.png,b one\nimg/a.png,a one\nimg/b.png,b two\nimg/c.png,c one\n"
+    )
+    dm = ImageTextDataModule(retrieval=[{"table": str(tmp_path / "held.csv")}], num_workers=0)
+    images, texts = dm.eval_datasets()
+    assert images.eval_name == texts.eval_name == "held"
+    assert images.images == [str(tmp_path / "img" / f"{c}.png") for c in "bac"]
+    assert images[0]["image"].shape == (3, 224, 224)  # the model's eval transform
+    assert [(it["group"], it["index"]) for it in images] == [(0, 0), (1, 1), (2, 2)]
+    assert [(it["text"], it["group"]) for it in texts] == [
+        ("b one", 0), ("a one", 1), ("b two", 0), ("c one", 2),
+    ]  # fmt: skip
+
+
 def test_caption_table_csv_custom_columns_and_errors(tmp_path):
     write_images(tmp_path, [("x.png", 5)])
     (tmp_path / "pairs.csv").write_text('image,caption\nx.png,"a, comma"\n')

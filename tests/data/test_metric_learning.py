@@ -11,7 +11,6 @@ from rl_gap.data.metric_learning import (
     INaturalistDataModule,
     MNISTDemoDataModule,
     SOPDataModule,
-    select_queries,
 )
 from rl_gap.data.ml_layouts import read_cub, read_folder_or_csv, read_inat, read_sop
 
@@ -142,10 +141,3 @@ def test_val_split_holds_out_whole_classes():
     assert not train_classes & val_classes and train_classes | val_classes == {0, 1, 2, 3, 4}
     x, y, i = dm.datasets["val"][3]
     assert i == 3 and y == int(dm.datasets["val"].labels[3])
-
-
-def test_select_queries_takes_k_per_class():
-    labels = torch.tensor([0] * 6 + [1] * 2 + [2] * 5)
-    picked = select_queries(labels, 4, seed=1)
-    assert torch.bincount(labels[picked]).tolist() == [4, 2, 4]
-    assert torch.equal(picked, torch.sort(picked).values)

@@ -2,7 +2,9 @@
 an item's augmentation depends only on (seed, epoch, index)."""
 
 import random
+import re
 
+import pytest
 import torch
 from torch.utils.data import Dataset
 
@@ -48,3 +50,19 @@ def test_seeded_items_repeat_and_leave_the_global_generators_alone():
     c = data[(2, 100)]
     assert a == b and c[0] != a[0] and c[1] != a[1]  # both generators follow the seed
     assert (float(torch.rand(())), random.random()) == expected_next
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+     ({"batch_size": 8, "batches_per_epoch": 0}, "batches_per_epoch must be >= 1 or None, got 0")],
+)  # fmt: skip
+def test_global_batch_modules_refuse_empty_batches_and_epochs(settings, named):
+    from rl_gap.data.image_text import CLIPDataModuleBase
+    from rl_gap.data.ssl import SSLDataModule
+
+    for module in (SSLDataModule, CLIPDataModuleBase):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            module(**settings)
+    SSLDataModule(batch_size=1, batches_per_epoch=None)  # the smallest valid settings pass
+    SSLDataModule(batch_size=1, batches_per_epoch=1)

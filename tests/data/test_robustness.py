@@ -12,7 +12,8 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 from rl_gap.data.image_text import PairCollate, load_image, stable_group_id, webdataset_pairs
-from rl_gap.data.metric_learning import ImageFolderDataModule, ImageListDataset
+from rl_gap.data.metric_learning import ImageFolderDataModule
+from rl_gap.data.ml_datasets import ImageListDataset
 from rl_gap.data.ml_layouts import ImageList, read_folder_or_csv
 
 

@@ -32,3 +32,26 @@ def test_folder_classification_names_and_templates(tmp_path):
         template_set("fancy")
     with pytest.raises(FileNotFoundError, match="root/<class>/<image>"):
         FolderClassification(tmp_path / "missing")
+
+
+def test_in_memory_sets_give_one_value_per_image_under_their_key():
+    import torch
+
+    from rl_gap.data.image_text_sets import RetrievalImages
+    from rl_gap.data.zero_shot import InMemoryClassification
+
+    images = [torch.full((3, 2, 2), float(v)) for v in (5, 6, 7)]
+    zs = InMemoryClassification(images, [1, 0, 1], ["a", "b"], name="toy")
+    assert [(float(it["image"][0, 0, 0]), it["label"], it["index"]) for it in zs] == [
+        (5.0, 1, 0), (6.0, 0, 1), (7.0, 1, 2),
+    ]  # fmt: skip
+    assert zs.labels == [1, 0, 1] and zs.eval_name == "toy" and "group" not in zs[0]
+    ri = RetrievalImages(images, [9, 9, 4])
+    assert [(it["group"], it["index"]) for it in ri] == [(9, 0), (9, 1), (4, 2)]
+    assert ri.groups == [9, 9, 4] and "label" not in ri[0]
+    with pytest.raises(ValueError, match="InMemoryClassification needs one label per image"):
+        InMemoryClassification(images, [0, 1], ["a", "b"])
+    with pytest.raises(ValueError, match="RetrievalImages needs one group per image"):
+        RetrievalImages([], [])
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        InMemoryClassification(images, [0, 1, 2], ["a", "b"])
