@@ -30,6 +30,7 @@ from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail.build import state_capacity, tail_predictor, with_score_range
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
 from rl_gap.metrics.tail.inputs import check_sample_matrix, resolve_request
+from rl_gap.metrics.tail.pipeline import run
 from rl_gap.metrics.tail.registry import DEFAULT_ESTIMATOR
 from rl_gap.metrics.tail.results import TailEstimate
 from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK
@@ -57,6 +58,18 @@ def state_from_scores(
     for columns already in random order, or to build non-exchangeable levels on purpose.
     """
     check_sample_matrix(sample_scores)
+    return _nested_state(sample_scores, capacity, fractions, keyed, seed, shuffle)
+
+
+def _nested_state(
+    sample_scores: torch.Tensor,
+    capacity: int,
+    fractions: tuple[float, ...],
+    keyed: bool,
+    seed: int,
+    shuffle: bool,
+) -> NestedTopK:
+    """:func:`state_from_scores` of a checked sample matrix."""
     Q, S = sample_scores.shape
     dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
     state = NestedTopK(
@@ -151,14 +164,16 @@ def predict_map(
         (0.75, 10, tensor([[0.0000, 0.1000]], dtype=torch.float64))
     """
     check_sample_matrix(sample_scores)
+    # k is checked with the positives, by the predictor.
     request = resolve_request(
-        estimator, gallery_size, sample_scores.shape[1], k, rank_law, n_boot, confidence,
+        estimator, gallery_size, sample_scores.shape[1], None, rank_law, n_boot, confidence,
         nested_boot, budget,
     )  # fmt: skip
     config = with_score_range(config, score_range)
     # Keyed columns: a resampled distractor moves every query it scores for (the joint
     # bootstrap, and the default's fixed-query interval).
     keyed = nested_boot > 0 or (n_boot > 0 and request.estimator.fixed_query_interval)
-    state = state_from_scores(sample_scores, state_capacity(k, config), keyed=keyed, seed=seed)
+    capacity = state_capacity(k, config)
+    state = _nested_state(sample_scores, capacity, DEFAULT_FRACTIONS, keyed, seed, True)
     predictor = tail_predictor(pos_scores, state, k, config=config, seed=seed, bayes=bayes)
-    return predictor.run(request)
+    return run(predictor, request)

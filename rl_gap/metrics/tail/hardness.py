@@ -323,44 +323,68 @@ def tail_hardness(pos_sorted: torch.Tensor, fit: TailFit) -> torch.Tensor:
     return torch.where(usable, x, torch.full_like(x, torch.nan))
 
 
-def estimate_hardness(
-    estimator: str,
+def count_hardness(
     pos_sorted: torch.Tensor,
     valid: torch.Tensor,
     top: torch.Tensor,
     n_sample: int,
     weight: torch.Tensor | None = None,
     config: TailConfig = DEFAULT_CONFIG,
-) -> tuple[torch.Tensor, torch.Tensor, TailFit | None]:
-    """Hardness x (Q, m) for ``count`` or ``evt``, with the sample counts and the tail fit.
+) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """``count``: x = K/S (``config`` unused: the signature every hardness function shares).
+
+    Args:
+        pos_sorted: (Q, m) positive scores, sorted descending (NaN padding).
+        valid: (Q, m) real-positive mask.
+        top: (Q, T) kept sample scores, sorted descending, -inf padded.
+        n_sample: S.
+        weight: optional (Q, T) multiplicities (bootstrap).
 
     Returns:
-        x: (Q, m) float64 hardness (0 at padding).
-        counts: (Q, m) sampled distractors ≥ each positive.
-        fit: the TailFit for ``evt`` (None for ``count``).
+        x: (Q, m) float64 hardness (0 at padding); counts: (Q, m) sampled distractors ≥
+        each positive; None (no tail fit).
     """
-    if estimator not in ("count", "evt", "evt_support"):
-        raise ValueError(
-            f"unknown hardness estimator {estimator!r}; known: count, evt, evt_support"
-        )
-    if estimator == "evt_support":
-        # The shape bound follows the declared score range: scores bounded above
-        # (cosine) keep the paper's ξ ≤ 0, unbounded inner products may have a heavy
-        # (ξ > 0) tail. Clipping the rounding overshoot keeps the fit off it.
-        pos_sorted = clip_to_range(pos_sorted, config.score_range, "positive scores")
-        top = clip_to_range(top, config.score_range, "sampled distractor scores")
-        bounded = config.score_range is not None and math.isfinite(config.score_range[1])
-        config = dataclasses.replace(
-            config,
-            xi_max=0.0 if bounded else UNBOUNDED_XI_MAX,
-            n_excess=sample_excesses(n_sample, config),
-        )
     counts, _ = sample_counts(pos_sorted, valid, top, weight)
-    x_count = counts / float(n_sample)
-    if estimator == "count":
-        return x_count, counts, None
+    return counts / float(n_sample), counts, None
+
+
+def gpd_hardness(
+    pos_sorted: torch.Tensor,
+    valid: torch.Tensor,
+    top: torch.Tensor,
+    n_sample: int,
+    weight: torch.Tensor | None = None,
+    config: TailConfig = DEFAULT_CONFIG,
+) -> tuple[torch.Tensor, torch.Tensor, TailFit]:
+    """``evt``: the fitted GPD tail where fewer than ``min_count`` sampled distractors reach a
+    positive above the threshold, else the count (arguments and returns as
+    :func:`count_hardness`, the fit last)."""
+    x_count, counts, _ = count_hardness(pos_sorted, valid, top, n_sample, weight)
     fit = fit_tail(top, n_sample, weight, config)
     x_tail = tail_hardness(pos_sorted, fit)
     use_tail = valid & (counts < config.min_count) & ~torch.isnan(x_tail)
     x = torch.where(use_tail, x_tail, x_count)
     return x, counts, fit
+
+
+def support_gpd_hardness(
+    pos_sorted: torch.Tensor,
+    valid: torch.Tensor,
+    top: torch.Tensor,
+    n_sample: int,
+    weight: torch.Tensor | None = None,
+    config: TailConfig = DEFAULT_CONFIG,
+) -> tuple[torch.Tensor, torch.Tensor, TailFit]:
+    """``evt_support``: :func:`gpd_hardness` at the sample-size threshold
+    (:func:`sample_excesses`), the shape bound following the declared score range."""
+    # Scores bounded above (cosine) keep the paper's ξ ≤ 0, unbounded inner products
+    # may have a heavy (ξ > 0) tail. Clipping the rounding overshoot keeps the fit off it.
+    pos_sorted = clip_to_range(pos_sorted, config.score_range, "positive scores")
+    top = clip_to_range(top, config.score_range, "sampled distractor scores")
+    bounded = config.score_range is not None and math.isfinite(config.score_range[1])
+    config = dataclasses.replace(
+        config,
+        xi_max=0.0 if bounded else UNBOUNDED_XI_MAX,
+        n_excess=sample_excesses(n_sample, config),
+    )
+    return gpd_hardness(pos_sorted, valid, top, n_sample, weight, config)

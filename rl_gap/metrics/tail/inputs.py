@@ -80,7 +80,7 @@ def resolve_request(
     estimator: str | Estimator,
     gallery_size: int,
     sample_size: int,
-    k: int,
+    k: int | None,
     rank_law: str | None = None,
     n_boot: int = 1000,
     confidence: float = 0.95,
@@ -88,11 +88,15 @@ def resolve_request(
     budget: bool = False,
     diagnose: bool = True,
 ) -> EstimateRequest:
-    """Check what is asked for against the sample (one ValueError naming the problem)."""
+    """Check what is asked for against the sample (one ValueError naming the problem).
+
+    ``k`` is checked when given; None where a predictor, built from it, checked it.
+    """
     check_n_boot(n_boot)
     est = get_estimator(estimator)
     law = resolve_rank_law(est, rank_law)
-    check_k(k)
+    if k is not None:
+        check_k(k)
     if sample_size < 1:
         raise ValueError("the distractor sample is empty")
     if gallery_size < sample_size:
