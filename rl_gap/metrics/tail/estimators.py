@@ -35,7 +35,7 @@ from rl_gap.metrics.tail.hardness import (
     support_gpd_hardness,
 )
 from rl_gap.metrics.tail.intervals import percentile_interval
-from rl_gap.metrics.tail.posterior_predictive import tail_expected_ap
+from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
 from rl_gap.metrics.tail.rank_law import RANK_LAWS, ap_at_k_from_hardness, ap_from_precision_terms
 from rl_gap.metrics.tail.registry import PREDICTIVE, Estimator, register_estimator
 from rl_gap.metrics.tail.sub_samples import measured_ap
@@ -142,7 +142,9 @@ class PosteriorTail(HardnessEstimator):
         counts, post = view.tail_fit(level, weight, bayes)
         _, n = view.level(level)
         # Posterior-mean hardness does not depend on N; any N ≥ n gives it.
-        _, x = tail_expected_ap(view.pos_sorted, view.valid, view.j, counts, post, n, n, 1, bayes)
+        _, x = tail_precision_terms(
+            view.pos_sorted, view.valid, view.j, counts, post, n, n, 1, bayes
+        )
         return x, counts, post
 
     def per_query(self, view, gallery_size, rank_law, level, weight, bayes):

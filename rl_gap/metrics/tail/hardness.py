@@ -236,14 +236,14 @@ def fit_tail(
     top = top.to(torch.float64)
     n_eff = min(config.n_top, n_sample, top.shape[1])
     if config.n_excess is not None:
-        n_exc = max(1, min(int(config.n_excess), n_sample - 1, top.shape[1] - 1))
+        n_exc = capped_excesses(config.n_excess, n_sample, top.shape[1])
     else:
         n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
     u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
     # Fitted in units of each query's largest excess, so that the fit's decisions (grid
     # argmax, candidate comparisons) do not depend on the score scale: a·s + b gives
     # the same ξ and a·σ.
-    scale = torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
+    scale = largest_excess(excess, w_exc)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     unit = excess / scale.unsqueeze(1)
     gpd = fit_gpd(unit, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
@@ -262,10 +262,7 @@ def fit_tail(
 def _with_heavy_shapes(gpd, excess: torch.Tensor, w_exc: torch.Tensor, config: TailConfig):
     """Replace the ξ ≤ 0 fit by the profile-likelihood maximum over ξ ∈ (0, xi_max] where higher."""
     ok = gpd.ok
-    width = excess.shape[1]
-    stand_in = torch.linspace(1.0, 0.01, width, dtype=torch.float64).unsqueeze(0)
-    y = torch.where(ok.unsqueeze(1), excess, stand_in.expand_as(excess))
-    w = torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))
+    y, w = with_stand_in(excess, w_exc, ok)
     grid = torch.linspace(0.0, config.xi_max, 61, dtype=torch.float64)[1:]
     sigma, loglik = profile_on_xi_grid(y, w, grid)
     best = loglik.argmax(1, keepdim=True)
@@ -277,6 +274,27 @@ def _with_heavy_shapes(gpd, excess: torch.Tensor, w_exc: torch.Tensor, config: T
         xi=torch.where(take, grid[best.squeeze(1)], gpd.xi),
         loglik=torch.where(take, ll, gpd.loglik),
     )
+
+
+def capped_excesses(n_excess: int, n_sample: int, kept: int) -> int:
+    """Exceedances a fit of ``n_excess`` takes: fewer than the sample and the ``kept`` top
+    scores (a threshold must remain below them), at least one."""
+    return max(1, min(int(n_excess), n_sample - 1, kept - 1))
+
+
+def largest_excess(excess: torch.Tensor, w_exc: torch.Tensor) -> torch.Tensor:
+    """(Q,) each query's largest weighted excess (0 where it has none)."""
+    return torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
+
+
+def with_stand_in(
+    excess: torch.Tensor, w_exc: torch.Tensor, ok: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(excess, weights) with the rows not ``ok`` replaced by a harmless stand-in (a
+    decreasing ramp, unit weights), so that the vectorised fit stays finite on them."""
+    stand_in = torch.linspace(1.0, 0.01, excess.shape[1], dtype=torch.float64).unsqueeze(0)
+    y = torch.where(ok.unsqueeze(1), excess, stand_in.expand_as(excess))
+    return y, torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))
 
 
 def threshold_excesses(

@@ -160,22 +160,6 @@ def _check(view: TailView, request: EstimateRequest, est: TailEstimate) -> None:
     est.ci_total = diag.widen(est.nested_ci if est.nested_ci is not None else est.ci)
 
 
-def budget(
-    view: TailView,
-    estimator: str | Estimator,
-    gallery_size: int,
-    rank_law: str | None = None,
-    n_boot: int = 1000,
-    confidence: float = 0.95,
-    ci: tuple[float, float] | None = None,
-) -> dict:
-    """Sufficient-budget diagnostic (paper App. D): :func:`sub_samples.budget_check`."""
-    check_n_boot(n_boot)
-    return budget_check(
-        view, get_estimator(estimator), gallery_size, rank_law, n_boot, confidence, ci
-    )
-
-
 def curve(
     view: TailView,
     estimator: str | Estimator,

@@ -37,7 +37,7 @@ from rl_gap.metrics.tail.rank_law import sort_positives
 from rl_gap.metrics.tail.registry import Estimator, get_estimator
 from rl_gap.metrics.tail.rows import RowView, concat_rows, fill_rows, row_slices
 from rl_gap.metrics.tail.sampling import NestedTopK
-from rl_gap.metrics.tail.sub_samples import measured_on_sub_samples
+from rl_gap.metrics.tail.sub_samples import budget_check, measured_on_sub_samples
 from rl_gap.metrics.tail.view import PerPositive
 
 T = TypeVar("T")
@@ -276,6 +276,6 @@ class TailPredictor:
     # predictor its view.
     estimate = pipeline.estimate
     run = pipeline.run
-    budget = pipeline.budget
+    budget = budget_check
     curve = pipeline.curve
     measured = measured_on_sub_samples

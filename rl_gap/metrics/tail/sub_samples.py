@@ -10,9 +10,9 @@ import torch
 from rl_gap.metrics.tail.hardness import sample_counts
 from rl_gap.metrics.tail.intervals import check_n_boot, query_bootstrap
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts
+from rl_gap.metrics.tail.registry import Estimator, get_estimator
 
 if TYPE_CHECKING:
-    from rl_gap.metrics.tail.registry import Estimator
     from rl_gap.metrics.tail.view import RowsView, TailView
 
 
@@ -38,7 +38,7 @@ def measured_ap(
 
 def budget_check(
     view: TailView,
-    estimator: Estimator,
+    estimator: str | Estimator,
     gallery_size: int,
     rank_law: str | None = None,
     n_boot: int = 1000,
@@ -50,8 +50,9 @@ def budget_check(
     Predictions from the nested sub-samples S/4, S/2 and S side by side;
     ``converged`` when their spread (max − min) is below the query noise, the
     half-width of the query-bootstrap interval at S (``ci``, else ``max(n_boot, 200)``
-    replicates of its own).
+    replicates of its own). ``estimator``: a registered name or the estimator.
     """
+    estimator = get_estimator(estimator)
     fractions = view.fractions
     picks = [i for i, f in enumerate(fractions) if any(abs(f - g) < 1e-9 for g in (0.25, 0.5, 1.0))]
     rows = []
