@@ -32,7 +32,7 @@ from rl_gap.metrics.tail.hardness import (
     count_hardness,
     gpd_hardness,
     sample_excesses,
-    support_gpd_hardness,
+    support_inputs,
 )
 from rl_gap.metrics.tail.intervals import percentile_interval
 from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
@@ -59,14 +59,17 @@ class SampleMetric(Estimator):
 class HardnessEstimator(Estimator):
     """Per-positive hardness x, then AP@k through the rank law (``rank_law``).
 
-    A subclass names its hardness function (``estimate_hardness``, the signature of
-    :func:`~rl_gap.metrics.tail.hardness.count_hardness`); the threshold checks refit it.
+    A subclass says how its hardness comes from a level's kept scores
+    (``estimate_hardness``); the threshold checks refit it with other settings.
     """
 
     per_positive = True
     joint_bootstrap = True
     separable_rows = True
-    estimate_hardness = staticmethod(count_hardness)
+
+    def estimate_hardness(self, pos_sorted, valid, top, n_sample, weight, config):
+        """(x, counts, fit) from (Q, m) sorted positives and a level's (Q, T) kept scores."""
+        return count_hardness(pos_sorted, valid, top, n_sample, weight)
 
     def hardness(self, view, level, weight):
         top, n = view.level(level)
@@ -100,7 +103,9 @@ class PluginGPD(HardnessEstimator):
     name = "evt"
     summary = "the paper's plug-in GPD tail (top 4,000, 95th percentile)"
     cost = "one GPD fit per query on its top 4,000 scores"
-    estimate_hardness = staticmethod(gpd_hardness)
+
+    def estimate_hardness(self, pos_sorted, valid, top, n_sample, weight, config):
+        return gpd_hardness(pos_sorted, valid, top, n_sample, weight, config)
 
     def kept_depth(self, config):
         return config.n_top
@@ -121,7 +126,10 @@ class SupportGPD(HardnessEstimator):
     name = "evt_support"
     summary = "plug-in GPD, threshold by sample size, shape bound by the score range"
     cost = "one GPD fit per query, three more for its threshold check"
-    estimate_hardness = staticmethod(support_gpd_hardness)
+
+    def estimate_hardness(self, pos_sorted, valid, top, n_sample, weight, config):
+        pos_sorted, top, config = support_inputs(pos_sorted, top, n_sample, config)
+        return gpd_hardness(pos_sorted, valid, top, n_sample, weight, config)
 
     def check_threshold(self, view, gallery_size, noise, per_thr, out):
         check_sample_thresholds(view, gallery_size, noise, out, self)

@@ -347,9 +347,8 @@ def count_hardness(
     top: torch.Tensor,
     n_sample: int,
     weight: torch.Tensor | None = None,
-    config: TailConfig = DEFAULT_CONFIG,
 ) -> tuple[torch.Tensor, torch.Tensor, None]:
-    """``count``: x = K/S (``config`` unused: the signature every hardness function shares).
+    """``count``: x = K/S.
 
     Args:
         pos_sorted: (Q, m) positive scores, sorted descending (NaN padding).
@@ -385,16 +384,12 @@ def gpd_hardness(
     return x, counts, fit
 
 
-def support_gpd_hardness(
-    pos_sorted: torch.Tensor,
-    valid: torch.Tensor,
-    top: torch.Tensor,
-    n_sample: int,
-    weight: torch.Tensor | None = None,
-    config: TailConfig = DEFAULT_CONFIG,
-) -> tuple[torch.Tensor, torch.Tensor, TailFit]:
-    """``evt_support``: :func:`gpd_hardness` at the sample-size threshold
-    (:func:`sample_excesses`), the shape bound following the declared score range."""
+def support_inputs(
+    pos_sorted: torch.Tensor, top: torch.Tensor, n_sample: int, config: TailConfig
+) -> tuple[torch.Tensor, torch.Tensor, TailConfig]:
+    """``evt_support``'s (positives, kept scores, settings) for :func:`gpd_hardness`: the
+    sample-size threshold (:func:`sample_excesses`) and the shape bound following the
+    declared score range, the scores' rounding overshoot past it clipped."""
     # Scores bounded above (cosine) keep the paper's ξ ≤ 0, unbounded inner products
     # may have a heavy (ξ > 0) tail. Clipping the rounding overshoot keeps the fit off it.
     pos_sorted = clip_to_range(pos_sorted, config.score_range, "positive scores")
@@ -405,4 +400,4 @@ def support_gpd_hardness(
         xi_max=0.0 if bounded else UNBOUNDED_XI_MAX,
         n_excess=sample_excesses(n_sample, config),
     )
-    return gpd_hardness(pos_sorted, valid, top, n_sample, weight, config)
+    return pos_sorted, top, config

@@ -13,8 +13,14 @@ from rl_gap.metrics.tail.hardness import (
     gpd_hardness,
     sample_excesses,
     sample_n_top,
-    support_gpd_hardness,
 )
+from rl_gap.metrics.tail.registry import get_estimator
+
+
+def support_gpd_hardness(pos, valid, top, n_sample):
+    """``evt_support``'s hardness at the default settings."""
+    est = get_estimator("evt_support")
+    return est.estimate_hardness(pos, valid, top, n_sample, None, DEFAULT_CONFIG)
 
 
 def _sorted_top(Q: int, T: int, seed: int = 0) -> torch.Tensor:
