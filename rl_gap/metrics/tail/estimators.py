@@ -164,7 +164,7 @@ class PosteriorTail(HardnessEstimator):
     def checked_as(self, rank_law):
         # ~7 plain fits a prediction: checked through the plug-in GPD, whose
         # threshold and budget it shares.
-        return ("evt", "plugin")
+        return (PLUGIN_GPD, "plugin")
 
     def replicate_settings(self, view, rank_law):
         # Replicates refit without the bias correction (~7 plain fits) and carry
@@ -224,7 +224,7 @@ class PooledTail(PosteriorTail):
         return view.hardness(SUPPORT_GPD)[0]
 
     def checked_as(self, rank_law):
-        return (self.name, rank_law)
+        return (self, rank_law)
 
     def replicate_settings(self, view, rank_law):
         return None
@@ -303,12 +303,14 @@ class CurveFit(CurveBaseline):
         return fit_curve(sizes, per_level[pick].mean(1), self.name, float(gallery_size))
 
 
+#: The registered ``evt`` (``tail`` is checked through it).
+PLUGIN_GPD = PluginGPD()
 #: The registered ``evt_support`` (``tail_pooled`` bounds a bump with its hardness).
 SUPPORT_GPD = SupportGPD()
 
 for _estimator in (
     PosteriorTail(),
-    PluginGPD(),
+    PLUGIN_GPD,
     SUPPORT_GPD,
     Count(),
     SampleMetric(),

@@ -150,10 +150,10 @@ def _check(view: TailView, request: EstimateRequest, est: TailEstimate) -> None:
     checked = est_obj.checked_as(request.rank_law)
     if checked is None:
         return
-    name, law = checked
-    own = name == request.name  # checked through another estimator: not its interval
+    checker, law = checked
+    own = checker.name == request.name  # checked through another estimator: not its interval
     diag = diagnose_prediction(
-        view, request.gallery_size, name, law,
+        view, request.gallery_size, checker, law,
         ci=est.ci if own else None, budget=est.budget if own else None,
     )  # fmt: skip
     est.diagnostics, est.flags = diag, list(diag.flags)

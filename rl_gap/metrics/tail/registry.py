@@ -131,9 +131,9 @@ class Estimator(abc.ABC):
         (``diagnostics.bump_bound``): by default the estimator's own."""
         return view.hardness(self)[0]
 
-    def checked_as(self, rank_law: str) -> tuple[str, str] | None:
+    def checked_as(self, rank_law: str) -> tuple[Estimator, str] | None:
         """(estimator, rank law) whose diagnostics check this one; None: no checks."""
-        return (self.name, rank_law) if self.per_positive else None
+        return (self, rank_law) if self.per_positive else None
 
     def check_threshold(
         self, view: TailView, gallery_size: int, noise: float, per_thr, out: Diagnostics
