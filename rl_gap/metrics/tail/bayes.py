@@ -40,13 +40,13 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail.gpd import profile_on_xi_grid
-from rl_gap.metrics.tail.hardness import (
+from rl_gap.metrics.tail.gpd import (
     capped_excesses,
     largest_excess,
-    threshold_excesses,
+    profile_on_xi_grid,
     with_stand_in,
 )
+from rl_gap.metrics.tail.hardness import threshold_excesses
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail.gpd import fit_gpd, gpd_survival, profile_on_xi_grid
+from rl_gap.metrics.tail.gpd import (
+    capped_excesses,
+    fit_gpd,
+    gpd_survival,
+    largest_excess,
+    profile_on_xi_grid,
+    with_stand_in,
+)
 
 
 @dataclass(frozen=True)
@@ -274,27 +281,6 @@ def _with_heavy_shapes(gpd, excess: torch.Tensor, w_exc: torch.Tensor, config: T
         xi=torch.where(take, grid[best.squeeze(1)], gpd.xi),
         loglik=torch.where(take, ll, gpd.loglik),
     )
-
-
-def capped_excesses(n_excess: int, n_sample: int, kept: int) -> int:
-    """Exceedances a fit of ``n_excess`` takes: fewer than the sample and the ``kept`` top
-    scores (a threshold must remain below them), at least one."""
-    return max(1, min(int(n_excess), n_sample - 1, kept - 1))
-
-
-def largest_excess(excess: torch.Tensor, w_exc: torch.Tensor) -> torch.Tensor:
-    """(Q,) each query's largest weighted excess (0 where it has none)."""
-    return torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
-
-
-def with_stand_in(
-    excess: torch.Tensor, w_exc: torch.Tensor, ok: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(excess, weights) with the rows not ``ok`` replaced by a harmless stand-in (a
-    decreasing ramp, unit weights), so that the vectorised fit stays finite on them."""
-    stand_in = torch.linspace(1.0, 0.01, excess.shape[1], dtype=torch.float64).unsqueeze(0)
-    y = torch.where(ok.unsqueeze(1), excess, stand_in.expand_as(excess))
-    return y, torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))
 
 
 def threshold_excesses(
