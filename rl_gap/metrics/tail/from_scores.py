@@ -58,37 +58,7 @@ def state_from_scores(
     for columns already in random order, or to build non-exchangeable levels on purpose.
     """
     check_sample_matrix(sample_scores)
-    return _nested_state(sample_scores, capacity, fractions, keyed, seed, shuffle)
-
-
-def _nested_state(
-    sample_scores: torch.Tensor,
-    capacity: int,
-    fractions: tuple[float, ...],
-    keyed: bool,
-    seed: int,
-    shuffle: bool,
-) -> NestedTopK:
-    """:func:`state_from_scores` of a checked sample matrix."""
-    Q, S = sample_scores.shape
-    dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
-    state = NestedTopK(
-        Q, capacity, fractions, dtype=dtype, keyed=keyed, device=sample_scores.device
-    )
-    perm = (
-        torch.randperm(S, generator=torch.Generator().manual_seed(seed))
-        if shuffle
-        else torch.arange(S)
-    )
-    bounds = [0] + [int(round(f * S)) for f in fractions]
-    for p in range(len(fractions)):
-        for start in range(bounds[p], bounds[p + 1], 65536):
-            cols = perm[start : min(bounds[p + 1], start + 65536)]
-            block = sample_scores[:, cols.to(sample_scores.device)]
-            if not bool(torch.isfinite(block).all()):
-                raise ValueError("sample_scores contains NaN or ±inf")
-            state.push(block, p, cols.to(block.device) if keyed else None)
-    return state
+    return NestedTopK.from_matrix(sample_scores, capacity, fractions, keyed, seed, shuffle)
 
 
 def predict_map(
@@ -174,6 +144,6 @@ def predict_map(
     # bootstrap, and the default's fixed-query interval).
     keyed = nested_boot > 0 or (n_boot > 0 and request.estimator.fixed_query_interval)
     capacity = state_capacity(k, config)
-    state = _nested_state(sample_scores, capacity, DEFAULT_FRACTIONS, keyed, seed, True)
+    state = NestedTopK.from_matrix(sample_scores, capacity, keyed=keyed, seed=seed)
     predictor = tail_predictor(pos_scores, state, k, config=config, seed=seed, bayes=bayes)
     return run(predictor, request)
