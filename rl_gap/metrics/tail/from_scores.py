@@ -136,14 +136,14 @@ def predict_map(
     check_sample_matrix(sample_scores)
     # k is checked with the positives, by the predictor.
     request = resolve_request(
-        estimator, gallery_size, sample_scores.shape[1], None, rank_law, n_boot, confidence,
-        nested_boot, budget,
+        estimator, gallery_size, sample_scores.shape[1], rank_law=rank_law, n_boot=n_boot,
+        confidence=confidence, nested_boot=nested_boot, budget=budget,
     )  # fmt: skip
     config = with_score_range(config, score_range)
     # Keyed columns: a resampled distractor moves every query it scores for (the joint
     # bootstrap, and the default's fixed-query interval).
     keyed = nested_boot > 0 or (n_boot > 0 and request.estimator.fixed_query_interval)
     capacity = state_capacity(k, config)
-    state = NestedTopK.from_matrix(sample_scores, capacity, keyed=keyed, seed=seed)
+    state = NestedTopK.from_matrix(sample_scores, capacity, DEFAULT_FRACTIONS, keyed, seed, True)
     predictor = tail_predictor(pos_scores, state, k, config=config, seed=seed, bayes=bayes)
     return run(predictor, request)

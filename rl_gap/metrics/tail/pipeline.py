@@ -61,8 +61,8 @@ def estimate(
             (:data:`ESTIMATE_STAGES`), for progress display.
     """
     request = resolve_request(
-        estimator, gallery_size, view.sample_size, None, rank_law, n_boot, confidence,
-        nested_boot, budget, diagnose,
+        estimator, gallery_size, view.sample_size, rank_law=rank_law, n_boot=n_boot,
+        confidence=confidence, nested_boot=nested_boot, budget=budget, diagnose=diagnose,
     )  # fmt: skip
     return run(view, request, on_stage)
 

@@ -152,13 +152,14 @@ class NestedTopK:
         cls,
         sample_scores: torch.Tensor,
         capacity: int,
-        fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
-        keyed: bool = False,
-        seed: int = 0,
-        shuffle: bool = True,
+        fractions: tuple[float, ...],
+        keyed: bool,
+        seed: int,
+        shuffle: bool,
     ) -> NestedTopK:
-        """The state of a full (Q, S) floating-point sample matrix (``from_scores.state_from_scores``
-        checks its shape and says why the columns are permuted with ``seed`` first)."""
+        """The state of a full (Q, S) floating-point sample matrix: the arguments of
+        :func:`~rl_gap.metrics.tail.from_scores.state_from_scores`, which checks the matrix's
+        shape and says why the columns are permuted with ``seed`` first."""
         Q, S = sample_scores.shape
         dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
         state = cls(Q, capacity, fractions, dtype=dtype, keyed=keyed, device=sample_scores.device)
