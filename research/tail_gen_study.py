@@ -21,9 +21,9 @@ import torch
 
 from research.tail_gen import cached, parse_key, split_keys
 from research.tail_pools import sorted_pool_counts
-from rl_gap.metrics.tail import TailPredictor, state_from_scores
+from rl_gap.metrics.tail import TailPredictor, get_estimator, state_from_scores
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES
-from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, estimate_hardness, sample_excesses
+from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, sample_excesses
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts, ap_at_k_from_hardness
 
 
@@ -64,9 +64,8 @@ def _evt_support_with(**config):
     def run(pred: TailPredictor, n: int) -> torch.Tensor:
         top, size = pred.level(-1)
         cfg = dataclasses.replace(pred.config, **config)
-        x, _, _ = estimate_hardness(
-            "evt_support", pred.pos_sorted, pred.valid, top, size, None, cfg
-        )
+        evt_support = get_estimator("evt_support")
+        x, _, _ = evt_support.estimate_hardness(pred.pos_sorted, pred.valid, top, size, None, cfg)
         return ap_at_k_from_hardness(pred.j, pred.valid, x, n, pred.k, "plugin")
 
     return run

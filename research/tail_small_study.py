@@ -23,7 +23,7 @@ import torch
 from research.tail_pools import sorted_pool_counts
 from research.tail_small import K, load_small_split, parse_key, small_params, small_pool
 from rl_gap.metrics.tail import DEFAULT_ESTIMATOR, TailPredictor, state_from_scores
-from rl_gap.metrics.tail.diagnostics import _evt_at
+from rl_gap.metrics.tail.diagnostics import refit_at
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts, ap_at_k_from_hardness
 
@@ -48,7 +48,7 @@ def run_world(key: str, cache: str, estimators: tuple[str, ...] = ()) -> dict:
     }
     xi = {}
     for n in EXCESSES:
-        x, fit = _evt_at(pred, n, "evt_support")
+        x, fit = refit_at(pred, n, "evt_support")
         per_query[f"evt@{n}"] = ap_at_k_from_hardness(pred.j, pred.valid, x, N, K, "plugin")
         xi[n] = fit.xi
     fit_s = time.perf_counter() - t0

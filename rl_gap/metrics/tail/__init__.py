@@ -9,7 +9,9 @@ The modules, in the order a prediction runs through them:
 - ``from_scores``: :func:`predict_map`, the one-call entry on a full (Q, S) sample matrix.
 - ``build``: the state's depth and :func:`tail_predictor`, the one builder every entry uses.
 - ``inputs``: the input checks, each made once, and the checked :class:`EstimateRequest`.
-- ``predictor``: :class:`TailPredictor`, the stages of a prediction and its caches.
+- ``predictor``: :class:`TailPredictor`, a prediction's data and its caches.
+- ``pipeline``: the staged run (fit, interval, joint bootstrap, budget, checks).
+- ``view``: what the maths read of a prediction's data (``TailView``, a Protocol).
 - ``registry``: :class:`Estimator`, ``available_estimators()``, ``get_estimator(name)``.
 - ``estimators``: the built-in estimators, each an object registered by name.
 - ``gpd``: the vectorised generalised-Pareto fit of the sample's tail.
@@ -18,9 +20,11 @@ The modules, in the order a prediction runs through them:
   the shape ξ, its predictive E[AP@k] and its bias correction.
 - ``rank_law``: AP@k from hardness (plug-in ranks, Binomial/Poisson expectations).
 - ``baselines``: the paper's curve baselines (``single_x``, ``powerlaw``, ``loguniform``).
-- ``intervals``: the query bootstrap and the joint (queries × sample) bootstrap.
-- ``diagnostics``: the threshold-stability and sufficient-budget checks (``flags``).
-- ``results``: :class:`TailEstimate`, what a prediction returns.
+- ``intervals``: the query bootstrap.
+- ``sub_samples``: the metric measured on the nested sub-samples, the sufficient-budget check.
+- ``uncertainty``: the joint (queries × sample) bootstrap and the fixed-query interval.
+- ``diagnostics``: the threshold-stability and bump checks (``flags``).
+- ``results``: :class:`TailEstimate` and its :class:`Diagnostics`, what a prediction returns.
 - ``metric``: :class:`TailExtrapolatedMAP`, the streaming torchmetrics class (DDP-synced).
 - ``plot``: the ``rl-gap extrapolate --plot`` figure.
 
@@ -44,8 +48,6 @@ _EXPORTS = {
     "DEFAULT_CONFIG": ".hardness",
     "DEFAULT_ESTIMATOR": ".registry",
     "DEFAULT_FRACTIONS": ".sampling",
-    "ESTIMATORS": ".estimate",
-    "HARDNESS_ESTIMATORS": ".estimate",
     "BayesTailConfig": ".bayes",
     "Estimator": ".registry",
     "NestedTopK": ".sampling",
@@ -64,7 +66,22 @@ _EXPORTS = {
     "state_from_scores": ".from_scores",
     "tail_predictor": ".build",
 }
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+_lazy_getattr, _lazy_dir = lazy_exports(__name__, globals(), _EXPORTS)
+#: Names read from the registry at each access (an estimator registered later is in them).
+_LIVE = {"ESTIMATORS": "available_estimators", "HARDNESS_ESTIMATORS": "hardness_estimators"}
+
+
+def __getattr__(name: str):
+    if name in _LIVE:
+        from rl_gap.metrics.tail import registry
+
+        return getattr(registry, _LIVE[name])()
+    return _lazy_getattr(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*_lazy_dir(), *_LIVE})
+
 
 # The built-in estimators register themselves on import: any use of the registry
 # (``get_estimator("evt")``, the command, ``predict_map``) goes through this package.
@@ -99,7 +116,6 @@ __all__ = [
 if TYPE_CHECKING:
     from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
     from rl_gap.metrics.tail.build import tail_predictor
-    from rl_gap.metrics.tail.estimate import ESTIMATORS, HARDNESS_ESTIMATORS
     from rl_gap.metrics.tail.from_scores import predict_map, state_from_scores
     from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
     from rl_gap.metrics.tail.inputs import check_positive_scores

@@ -40,7 +40,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail.gpd import profile_on_xi_grid
+from rl_gap.metrics.tail.gpd import (
+    capped_excesses,
+    largest_excess,
+    profile_on_xi_grid,
+    with_stand_in,
+)
 from rl_gap.metrics.tail.hardness import threshold_excesses
 
 
@@ -218,26 +223,16 @@ def gpd_posterior(
     weight: torch.Tensor | None = None,
     config: BayesTailConfig = DEFAULT_BAYES,
 ) -> GPDPosterior:
-    """Threshold, exceedance rate and ξ posterior of every query's sampled tail.
-
-    Args:
-        top: (Q, T) kept sample scores, sorted descending, -inf padded.
-        n_sample: S.
-        weight: optional (Q, T) multiplicities (bootstrap).
-        config: estimator settings.
-    """
+    """Threshold, exceedance rate and ξ posterior of every query's sampled tail: the
+    arguments of :func:`~rl_gap.metrics.tail.hardness.fit_tail`, ``config`` the ``tail``
+    settings (``n_excess`` exceedances, the ξ grid and prior)."""
     top = top.to(torch.float64)
-    Q, T = top.shape
-    n_exc = max(1, min(config.n_excess, n_sample - 1, T - 1))
+    n_exc = capped_excesses(config.n_excess, n_sample, top.shape[1])
     u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
-    width = excess.shape[1]
     n_u = w_exc.sum(1)
-    ymax = torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
-    ok = has_u & (n_u >= config.min_excesses) & (ymax > 0)
+    ok = has_u & (n_u >= config.min_excesses) & (largest_excess(excess, w_exc) > 0)
     # Degenerate rows get a harmless stand-in so the vectorised maths stays finite.
-    stand_in = torch.linspace(1.0, 0.01, width, dtype=torch.float64).unsqueeze(0)
-    excess = torch.where(ok.unsqueeze(1), excess, stand_in.expand(Q, width))
-    w_exc_safe = torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))
+    excess, w_exc_safe = with_stand_in(excess, w_exc, ok)
     # Midpoint grid: never exactly ξ = 0 (θ = 0 is the exponential limit).
     edges = torch.linspace(config.xi_min, config.xi_max, config.n_xi + 1, dtype=torch.float64)
     xi = 0.5 * (edges[1:] + edges[:-1])

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 
 import torch
 
-from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig, resolve_score_range
 from rl_gap.metrics.tail.predictor import TailPredictor
 from rl_gap.metrics.tail.registry import get_estimator
@@ -61,14 +60,6 @@ def new_state(
     return NestedTopK(n_queries, capacity, fractions, dtype=dtype, keyed=keyed, device=device)
 
 
-def tail_predictor(
-    pos_scores: torch.Tensor,
-    state: NestedTopK,
-    k: int,
-    *,
-    config: TailConfig = DEFAULT_CONFIG,
-    seed: int = 0,
-    bayes: BayesTailConfig = DEFAULT_BAYES,
-) -> TailPredictor:
-    """The predictor of every entry point, from (Q, m) positive scores and a filled state."""
-    return TailPredictor(pos_scores, state, k, config, seed, bayes)
+#: The predictor of every entry point, from (Q, m) positive scores and a filled state:
+#: the class itself (its constructor checks the inputs and moves them to the host).
+tail_predictor = TailPredictor

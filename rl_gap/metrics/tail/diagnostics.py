@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 
-from rl_gap.metrics.tail.hardness import estimate_hardness, sample_excesses
+from rl_gap.metrics.tail.hardness import sample_excesses
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
-from rl_gap.metrics.tail.registry import THRESHOLD_EXCESSES, get_estimator
+from rl_gap.metrics.tail.registry import THRESHOLD_EXCESSES, Estimator, get_estimator
+from rl_gap.metrics.tail.results import Diagnostics
 from rl_gap.metrics.tail.rows import concat_rows
+from rl_gap.metrics.tail.sub_samples import budget_check
+from rl_gap.metrics.tail.view import RowsView, TailView
 
 #: Flag when the predicted mAP@k moves by more than this over the thresholds.
 THRESHOLD_TOLERANCE = 0.03
@@ -43,122 +46,62 @@ MIN_EXCESSES = 10
 OUTLIER_SHARE = 0.05
 
 
-@dataclass
-class Diagnostics:
-    """What the sample can and cannot support about a prediction.
-
-    Attributes:
-        flags: one line per failed check (empty: supported).
-        threshold_maps: {n: mAP@k of ``evt`` fitted to n exceedances}.
-        threshold_spread: max − min of ``threshold_maps``.
-        shape_shift: median ξ at the deepest minus the shallowest threshold.
-        budget_spread, budget_noise: the sufficient-budget check's spread and noise
-            (NaN when not run).
-    """
-
-    flags: list[str] = field(default_factory=list)
-    threshold_maps: dict[int, float] = field(default_factory=dict)
-    threshold_spread: float = float("nan")
-    shape_shift: float = float("nan")
-    budget_spread: float = float("nan")
-    budget_noise: float = float("nan")
-    outlier_share: float = float("nan")
-    bump_bound: float | None = None
-
-    @property
-    def supported(self) -> bool:
-        return not self.flags
-
-    def widen(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
-        """``ci`` extended to cover every threshold's prediction ± the interval's own widths,
-        and down to ``bump_bound`` when set (None without an interval)."""
-        if ci is None or not self.threshold_maps:
-            return ci
-        lo_t, hi_t = min(self.threshold_maps.values()), max(self.threshold_maps.values())
-        centre = 0.5 * (ci[0] + ci[1])
-        lo, hi = min(ci[0], lo_t - (centre - ci[0])), max(ci[1], hi_t + (ci[1] - centre))
-        # A bump above the tail: down to the mAP if every query had it.
-        return (lo if self.bump_bound is None else min(lo, self.bump_bound), hi)
-
-    def widen_to_bump(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
-        """``ci`` extended down to ``bump_bound`` when set."""
-        if ci is None or self.bump_bound is None:
-            return ci
-        return (min(ci[0], self.bump_bound), ci[1])
-
-    def as_dict(self) -> dict:
-        return {
-            "flags": list(self.flags),
-            "supported": self.supported,
-            "threshold_maps": {str(n): v for n, v in self.threshold_maps.items()},
-            "threshold_spread": self.threshold_spread,
-            "shape_shift": self.shape_shift,
-            "budget_spread": self.budget_spread,
-            "budget_noise": self.budget_noise,
-            "outlier_share": self.outlier_share,
-            "bump_bound": self.bump_bound,
-        }
+def refit_at(view: TailView, n_excess: int, estimator: str | Estimator = "evt"):
+    """(hardness, TailFit) of a plug-in GPD estimator (``evt``, ``evt_support``) refitted to
+    ``n_excess`` exceedances of the full sample, kept for the prediction."""
+    est = get_estimator(estimator)
+    return view.memo(("refit", est.name, n_excess), lambda: _refit(view, n_excess, est))
 
 
-def _evt_at(predictor, n_excess: int, estimator: str = "evt"):
-    """(hardness, TailFit) of ``estimator`` (evt or evt_support) fitted to ``n_excess``
-    exceedances of the full sample."""
-    cache = predictor.__dict__.setdefault("_evt_by_excess", {})
-    if (estimator, n_excess) not in cache:
-        cache[(estimator, n_excess)] = _refit(predictor, n_excess, estimator)
-    return cache[(estimator, n_excess)]
-
-
-def _refit(rows, n_excess: int, estimator: str):
-    """(hardness, TailFit) of the GPD refitted to ``n_excess`` exceedances, on a predictor's rows."""
+def _refit(rows: RowsView, n_excess: int, estimator: Estimator):
+    """(hardness, TailFit) of the GPD refitted to ``n_excess`` exceedances, on a view's rows."""
     top, n = rows.level(-1)
     config = dataclasses.replace(rows.config, n_excess=n_excess)
-    x, _, fit = estimate_hardness(estimator, rows.pos_sorted, rows.valid, top, n, None, config)
+    x, _, fit = estimator.estimate_hardness(rows.pos_sorted, rows.valid, top, n, None, config)
     return x, fit
 
 
-def _fit_at(predictor, n_excess: int, estimator: str):
-    """The TailFit of :func:`_evt_at`, a block of queries at a time when they are many."""
-    views = predictor.row_views()
+def _fit_at(view: TailView, n_excess: int, estimator: Estimator):
+    """The TailFit of :func:`refit_at`, a block of queries at a time when they are many."""
+    views = view.row_views()
     if views is None:
-        return _evt_at(predictor, n_excess, estimator)[1]
-    cache = predictor.__dict__.setdefault("_fit_by_excess", {})
-    if (estimator, n_excess) not in cache:
-        cache[(estimator, n_excess)] = concat_rows(
-            [_refit(v, n_excess, estimator)[1] for v in views]
-        )
-    return cache[(estimator, n_excess)]
+        return refit_at(view, n_excess, estimator)[1]
+    return view.memo(
+        ("refit fit", estimator.name, n_excess),
+        lambda: concat_rows([_refit(v, n_excess, estimator)[1] for v in views]),
+    )
 
 
 def threshold_predictions(
-    predictor,
+    view: TailView,
     gallery_size: int,
     excesses: tuple[int, ...] = THRESHOLD_EXCESSES,
     combine=None,
-    estimator: str = "evt",
+    estimator: str | Estimator = "evt",
 ):
-    """Per-query AP@k (plug-in ranks) of ``evt`` refitted at each exceedance count.
+    """Per-query AP@k (plug-in ranks) of a plug-in GPD refitted at each exceedance count.
 
     Args:
-        predictor: a ``TailPredictor``.
+        view: a prediction's data (a ``TailPredictor``).
         gallery_size: N.
         excesses: exceedance counts n (the threshold is the (n+1)-th largest score).
         combine: None → {n: (Q,) per-query AP}; "min" → (Q,) per-query AP at each
             positive's smallest hardness over the fits.
-        estimator: "evt" or "evt_support" (the refitted plug-in GPD).
+        estimator: the refitted plug-in GPD (``evt`` or ``evt_support``, or its object).
     """
     if combine not in (None, "min"):
         raise ValueError(f"unknown combine {combine!r}; known: None, 'min'")
-    views = predictor.row_views()
+    est = get_estimator(estimator)
+    views = view.row_views()
     if views is not None:  # many queries × positives: a block of rows at a time
-        parts = [_threshold_aps(v, gallery_size, excesses, combine, estimator) for v in views]
+        parts = [_threshold_aps(v, gallery_size, excesses, combine, est) for v in views]
         return (
             concat_rows(parts)
             if combine
             else {n: concat_rows([p[n] for p in parts]) for n in excesses}
         )
-    xs = {n: _evt_at(predictor, n, estimator)[0] for n in excesses}
-    return _aps(predictor, xs, gallery_size, combine)
+    xs = {n: refit_at(view, n, est)[0] for n in excesses}
+    return _aps(view, xs, gallery_size, combine)
 
 
 def _threshold_aps(rows, gallery_size, excesses, combine, estimator):
@@ -177,9 +120,9 @@ def _aps(rows, xs: dict, gallery_size: int, combine):
 
 
 def diagnose(
-    predictor,
+    view: TailView,
     gallery_size: int,
-    estimator: str = "evt",
+    estimator: str | Estimator = "evt",
     rank_law: str | None = None,
     per_thr: dict | None = None,
     ci: tuple[float, float] | None = None,
@@ -188,9 +131,9 @@ def diagnose(
     """Threshold-stability and sufficient-budget checks of a prediction (module docstring).
 
     Args:
-        predictor: a ``TailPredictor``.
+        view: a prediction's data (a ``TailPredictor``).
         gallery_size: N.
-        estimator, rank_law: the estimator checked: its budget check, and for the GPD
+        estimator, rank_law: the estimator checked (a name or the object): its budget check, and for the GPD
             estimators (``evt``, ``evt_support``) the threshold refits; ``count`` has
             no threshold to check.
         per_thr: :func:`threshold_predictions` output, if already computed.
@@ -198,9 +141,10 @@ def diagnose(
         budget: the budget check's dict, if already computed.
     """
     out = Diagnostics()
+    est = get_estimator(estimator)
     if budget is None:
-        budget = predictor.budget(estimator, gallery_size, rank_law, n_boot=200, ci=ci)
-    get_estimator(estimator).check_threshold(predictor, gallery_size, budget["noise"], per_thr, out)
+        budget = budget_check(view, est, gallery_size, rank_law, n_boot=200, ci=ci)
+    est.check_threshold(view, gallery_size, budget["noise"], per_thr, out)
     out.budget_spread, out.budget_noise = budget["spread"], budget["noise"]
     if not budget["converged"]:
         out.flags.append(
@@ -216,57 +160,66 @@ def sample_thresholds(n_sample: int, config) -> tuple[int, ...]:
     return tuple(sorted({max(MIN_EXCESSES, n // 2), max(MIN_EXCESSES, n), 2 * n}))
 
 
-def check_sample_thresholds(predictor, gallery_size: int, noise: float, out: Diagnostics) -> None:
-    """``evt_support``: flag a prediction that moves with the threshold by more than its
-    query noise, and a sample whose top scores the fitted tail cannot produce."""
-    rows = predictor.query_ok
-    _, n_sample = predictor.level(-1)
-    excesses = sample_thresholds(n_sample, predictor.config)
-    per_thr = threshold_predictions(predictor, gallery_size, excesses, estimator="evt_support")
+def check_sample_thresholds(
+    view: TailView, gallery_size: int, noise: float, out: Diagnostics, refit: Estimator
+) -> None:
+    """``evt_support`` (``refit``): flag a prediction that moves with the threshold by more
+    than its query noise, and a sample whose top scores the fitted tail cannot produce."""
+    rows = view.query_ok
+    _, n_sample = view.level(-1)
+    excesses = sample_thresholds(n_sample, view.config)
+    per_thr = threshold_predictions(view, gallery_size, excesses, estimator=refit)
     maps = {n: float(v[rows].mean()) for n, v in per_thr.items()}
     out.threshold_maps = maps
     out.threshold_spread = max(maps.values()) - min(maps.values())
-    own = maps[max(MIN_EXCESSES, sample_excesses(n_sample, predictor.config))]
+    own = maps[max(MIN_EXCESSES, sample_excesses(n_sample, view.config))]
     moved = max(abs(v - own) for v in maps.values())
     if moved > noise:
         out.flags.append(
-            f"threshold-unstable: mAP@{predictor.k} moves by {moved:.3f} between "
+            f"threshold-unstable: mAP@{view.k} moves by {moved:.3f} between "
             f"{min(maps)} and {max(maps)} exceedances (query noise {noise:.3f})"
         )
     check_bump(
-        out, predictor, gallery_size,
+        out, view, gallery_size,
         lambda share, bound: f"bump above the tail: {share:.0%} of queries have a sampled score "
         "the fitted tail makes improbable (rare near-copies? the pool holds N/S times more); "
-        f"if every query had them above its positives: mAP@{predictor.k} {bound:.3f}",
+        f"if every query had them above its positives: mAP@{view.k} {bound:.3f}",
+        lambda: refit.bump_hardness(view),
     )  # fmt: skip
 
 
-def check_bump(out, predictor, gallery_size: int, describe) -> None:
+def check_bump(
+    out: Diagnostics,
+    view: TailView,
+    gallery_size: int,
+    describe: Callable[[float, float], str],
+    hardness: Callable[[], torch.Tensor],
+) -> None:
     """Record the share of queries whose top sampled score stands apart from their tail, and
     when it passes ``OUTLIER_SHARE`` flag it with ``describe(share, bound)``, ``bound`` the
-    mAP@k of :func:`bump_bound` (each estimator words the flag its own way)."""
-    share = tail_outlier_share(predictor)
+    mAP@k of :func:`bump_bound` on ``hardness()`` (each estimator words the flag its own way
+    and names the hardness a bump raises)."""
+    share = tail_outlier_share(view)
     out.outlier_share = share
     if share > OUTLIER_SHARE:
-        out.bump_bound = bump_bound(predictor, gallery_size, share)
+        out.bump_bound = bump_bound(view, gallery_size, share, hardness())
         out.flags.append(describe(share, out.bump_bound))
 
 
-def bump_bound(predictor, gallery_size: int, share: float) -> float:
-    """mAP@k if every query had the bump: each positive's hardness raised by the pooled
-    rate of outlying top scores (``share`` of the queries, one each in S), a lower bound
-    when the copies outrank every positive."""
-    x, _, _ = predictor.hardness("evt_support")
-    n_sample = predictor.level_size(-1)
+def bump_bound(view: TailView, gallery_size: int, share: float, x: torch.Tensor) -> float:
+    """mAP@k if every query had the bump: each positive's hardness ``x`` (Q, m) raised by the
+    pooled rate of outlying top scores (``share`` of the queries, one each in S), a lower
+    bound when the copies outrank every positive."""
+    n_sample = view.level_size(-1)
     aps = []
-    for v in predictor.row_views() or [predictor]:
-        rows = x[v.rows] if v is not predictor else x
+    for v in view.row_views() or [view]:
+        rows = x[v.rows] if v is not view else x
         raised = torch.where(v.valid, rows + share / n_sample, rows)
         aps.append(ap_at_k_from_hardness(v.j, v.valid, raised, gallery_size, v.k, "plugin"))
-    return float(torch.cat(aps)[predictor.query_ok].mean())
+    return float(torch.cat(aps)[view.query_ok].mean())
 
 
-def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
+def tail_outlier_share(view: TailView, n_spacings: int = 20) -> float:
     """Share of queries whose top sampled score stands apart from the rest of their tail.
 
     Near the top of a GPD tail with ξ ≤ 0 the normalised spacings i·(s_(i) − s_(i+1))
@@ -276,7 +229,7 @@ def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
     rare near-copies above the tail, which a sample holds a few of and the pool
     N/S times more.
     """
-    top, _ = predictor.level(-1)
+    top, _ = view.level(-1)
     m = min(n_spacings + 1, top.shape[1] - 1)
     if m < 3:
         return 0.0
@@ -284,7 +237,7 @@ def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
     gaps = head[:, :-1] - head[:, 1:]  # D_1 … D_m
     weights = torch.arange(2, m + 1, dtype=torch.float64)
     scale = (gaps[:, 1:] * weights).mean(1)
-    rows = predictor.query_ok & torch.isfinite(head).all(1) & (scale > 0)
+    rows = view.query_ok & torch.isfinite(head).all(1) & (scale > 0)
     if not bool(rows.any()):
         return 0.0
     apart = gaps[:, 0] > -math.log(0.01) * scale
@@ -292,24 +245,25 @@ def tail_outlier_share(predictor, n_spacings: int = 20) -> float:
 
 
 def check_fixed_thresholds(
-    predictor, gallery_size: int, refit: str, per_thr, out: Diagnostics
+    view: TailView, gallery_size: int, refit: Estimator, per_thr, out: Diagnostics
 ) -> None:
-    """Fill ``out``'s threshold maps, spread and shape shift, and flag an unstable threshold."""
-    rows = predictor.query_ok
-    per_thr = per_thr or threshold_predictions(predictor, gallery_size, estimator=refit)
+    """Fill ``out``'s threshold maps, spread and shape shift of ``refit`` (``evt``), and flag an
+    unstable threshold."""
+    rows = view.query_ok
+    per_thr = per_thr or threshold_predictions(view, gallery_size, estimator=refit)
     maps = {n: float(v[rows].mean()) for n, v in per_thr.items()}
     out.threshold_maps = maps
     out.threshold_spread = max(maps.values()) - min(maps.values())
     shallow, deep = min(per_thr), max(per_thr)
     xi = {}
     for n in (shallow, deep):
-        fit = _fit_at(predictor, n, refit)
+        fit = _fit_at(view, n, refit)
         ok = fit.ok & rows
         xi[n] = float(fit.xi[ok].median()) if bool(ok.any()) else float("nan")
     out.shape_shift = xi[deep] - xi[shallow]
     if out.threshold_spread > THRESHOLD_TOLERANCE:
         out.flags.append(
-            f"threshold-unstable: mAP@{predictor.k} moves by {out.threshold_spread:.3f} between "
+            f"threshold-unstable: mAP@{view.k} moves by {out.threshold_spread:.3f} between "
             f"{shallow} and {deep} exceedances"
         )
     if abs(out.shape_shift) > SHAPE_TOLERANCE:

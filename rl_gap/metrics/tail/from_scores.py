@@ -30,6 +30,7 @@ from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail.build import state_capacity, tail_predictor, with_score_range
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
 from rl_gap.metrics.tail.inputs import check_sample_matrix, resolve_request
+from rl_gap.metrics.tail.pipeline import run
 from rl_gap.metrics.tail.registry import DEFAULT_ESTIMATOR
 from rl_gap.metrics.tail.results import TailEstimate
 from rl_gap.metrics.tail.sampling import DEFAULT_FRACTIONS, NestedTopK
@@ -57,25 +58,7 @@ def state_from_scores(
     for columns already in random order, or to build non-exchangeable levels on purpose.
     """
     check_sample_matrix(sample_scores)
-    Q, S = sample_scores.shape
-    dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
-    state = NestedTopK(
-        Q, capacity, fractions, dtype=dtype, keyed=keyed, device=sample_scores.device
-    )
-    perm = (
-        torch.randperm(S, generator=torch.Generator().manual_seed(seed))
-        if shuffle
-        else torch.arange(S)
-    )
-    bounds = [0] + [int(round(f * S)) for f in fractions]
-    for p in range(len(fractions)):
-        for start in range(bounds[p], bounds[p + 1], 65536):
-            cols = perm[start : min(bounds[p + 1], start + 65536)]
-            block = sample_scores[:, cols.to(sample_scores.device)]
-            if not bool(torch.isfinite(block).all()):
-                raise ValueError("sample_scores contains NaN or ±inf")
-            state.push(block, p, cols.to(block.device) if keyed else None)
-    return state
+    return NestedTopK.from_matrix(sample_scores, capacity, fractions, keyed, seed, shuffle)
 
 
 def predict_map(
@@ -151,14 +134,16 @@ def predict_map(
         (0.75, 10, tensor([[0.0000, 0.1000]], dtype=torch.float64))
     """
     check_sample_matrix(sample_scores)
+    # k is checked with the positives, by the predictor.
     request = resolve_request(
-        estimator, gallery_size, sample_scores.shape[1], k, rank_law, n_boot, confidence,
-        nested_boot, budget,
+        estimator, gallery_size, sample_scores.shape[1], rank_law=rank_law, n_boot=n_boot,
+        confidence=confidence, nested_boot=nested_boot, budget=budget,
     )  # fmt: skip
     config = with_score_range(config, score_range)
     # Keyed columns: a resampled distractor moves every query it scores for (the joint
     # bootstrap, and the default's fixed-query interval).
     keyed = nested_boot > 0 or (n_boot > 0 and request.estimator.fixed_query_interval)
-    state = state_from_scores(sample_scores, state_capacity(k, config), keyed=keyed, seed=seed)
+    capacity = state_capacity(k, config)
+    state = NestedTopK.from_matrix(sample_scores, capacity, DEFAULT_FRACTIONS, keyed, seed, True)
     predictor = tail_predictor(pos_scores, state, k, config=config, seed=seed, bayes=bayes)
-    return predictor.run(request)
+    return run(predictor, request)

@@ -334,3 +334,24 @@ def profile_on_xi_grid(
     usable = torch.isfinite(loglik) & (sigma > 0)
     # A shape the data cannot reach (ξ̂ → −inf at the pole) has zero likelihood.
     return torch.where(usable, sigma, 1.0), torch.where(usable, loglik, -math.inf)
+
+
+def capped_excesses(n_excess: int, n_sample: int, kept: int) -> int:
+    """Exceedances a fit of ``n_excess`` takes: fewer than the sample and the ``kept`` top
+    scores (a threshold must remain below them), at least one."""
+    return max(1, min(int(n_excess), n_sample - 1, kept - 1))
+
+
+def largest_excess(excess: torch.Tensor, w_exc: torch.Tensor) -> torch.Tensor:
+    """(Q,) each query's largest weighted excess (0 where it has none)."""
+    return torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
+
+
+def with_stand_in(
+    excess: torch.Tensor, w_exc: torch.Tensor, ok: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(excess, weights) with the rows not ``ok`` replaced by a harmless stand-in (a
+    decreasing ramp, unit weights), so that the vectorised fit stays finite on them."""
+    stand_in = torch.linspace(1.0, 0.01, excess.shape[1], dtype=torch.float64).unsqueeze(0)
+    y = torch.where(ok.unsqueeze(1), excess, stand_in.expand_as(excess))
+    return y, torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))

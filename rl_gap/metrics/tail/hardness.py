@@ -35,7 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_gap.metrics.tail.gpd import fit_gpd, gpd_survival, profile_on_xi_grid
+from rl_gap.metrics.tail.gpd import (
+    capped_excesses,
+    fit_gpd,
+    gpd_survival,
+    largest_excess,
+    profile_on_xi_grid,
+    with_stand_in,
+)
 
 
 @dataclass(frozen=True)
@@ -236,14 +243,14 @@ def fit_tail(
     top = top.to(torch.float64)
     n_eff = min(config.n_top, n_sample, top.shape[1])
     if config.n_excess is not None:
-        n_exc = max(1, min(int(config.n_excess), n_sample - 1, top.shape[1] - 1))
+        n_exc = capped_excesses(config.n_excess, n_sample, top.shape[1])
     else:
         n_exc = max(1, int(round((1.0 - config.threshold_quantile) * n_eff)))
     u, has_u, excess, w_exc = threshold_excesses(top, n_exc, weight)
     # Fitted in units of each query's largest excess, so that the fit's decisions (grid
     # argmax, candidate comparisons) do not depend on the score scale: a·s + b gives
     # the same ξ and a·σ.
-    scale = torch.where(w_exc > 0, excess, torch.zeros_like(excess)).amax(1)
+    scale = largest_excess(excess, w_exc)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     unit = excess / scale.unsqueeze(1)
     gpd = fit_gpd(unit, w_exc, xi_min=config.xi_min, min_excesses=config.min_excesses)
@@ -262,10 +269,7 @@ def fit_tail(
 def _with_heavy_shapes(gpd, excess: torch.Tensor, w_exc: torch.Tensor, config: TailConfig):
     """Replace the ξ ≤ 0 fit by the profile-likelihood maximum over ξ ∈ (0, xi_max] where higher."""
     ok = gpd.ok
-    width = excess.shape[1]
-    stand_in = torch.linspace(1.0, 0.01, width, dtype=torch.float64).unsqueeze(0)
-    y = torch.where(ok.unsqueeze(1), excess, stand_in.expand_as(excess))
-    w = torch.where(ok.unsqueeze(1), w_exc, torch.ones_like(w_exc))
+    y, w = with_stand_in(excess, w_exc, ok)
     grid = torch.linspace(0.0, config.xi_max, 61, dtype=torch.float64)[1:]
     sigma, loglik = profile_on_xi_grid(y, w, grid)
     best = loglik.argmax(1, keepdim=True)
@@ -323,44 +327,63 @@ def tail_hardness(pos_sorted: torch.Tensor, fit: TailFit) -> torch.Tensor:
     return torch.where(usable, x, torch.full_like(x, torch.nan))
 
 
-def estimate_hardness(
-    estimator: str,
+def count_hardness(
+    pos_sorted: torch.Tensor,
+    valid: torch.Tensor,
+    top: torch.Tensor,
+    n_sample: int,
+    weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """``count``: x = K/S.
+
+    Args:
+        pos_sorted: (Q, m) positive scores, sorted descending (NaN padding).
+        valid: (Q, m) real-positive mask.
+        top: (Q, T) kept sample scores, sorted descending, -inf padded.
+        n_sample: S.
+        weight: optional (Q, T) multiplicities (bootstrap).
+
+    Returns:
+        x: (Q, m) float64 hardness (0 at padding); counts: (Q, m) sampled distractors ≥
+        each positive; None (no tail fit).
+    """
+    counts, _ = sample_counts(pos_sorted, valid, top, weight)
+    return counts / float(n_sample), counts, None
+
+
+def gpd_hardness(
     pos_sorted: torch.Tensor,
     valid: torch.Tensor,
     top: torch.Tensor,
     n_sample: int,
     weight: torch.Tensor | None = None,
     config: TailConfig = DEFAULT_CONFIG,
-) -> tuple[torch.Tensor, torch.Tensor, TailFit | None]:
-    """Hardness x (Q, m) for ``count`` or ``evt``, with the sample counts and the tail fit.
-
-    Returns:
-        x: (Q, m) float64 hardness (0 at padding).
-        counts: (Q, m) sampled distractors ≥ each positive.
-        fit: the TailFit for ``evt`` (None for ``count``).
-    """
-    if estimator not in ("count", "evt", "evt_support"):
-        raise ValueError(
-            f"unknown hardness estimator {estimator!r}; known: count, evt, evt_support"
-        )
-    if estimator == "evt_support":
-        # The shape bound follows the declared score range: scores bounded above
-        # (cosine) keep the paper's ξ ≤ 0, unbounded inner products may have a heavy
-        # (ξ > 0) tail. Clipping the rounding overshoot keeps the fit off it.
-        pos_sorted = clip_to_range(pos_sorted, config.score_range, "positive scores")
-        top = clip_to_range(top, config.score_range, "sampled distractor scores")
-        bounded = config.score_range is not None and math.isfinite(config.score_range[1])
-        config = dataclasses.replace(
-            config,
-            xi_max=0.0 if bounded else UNBOUNDED_XI_MAX,
-            n_excess=sample_excesses(n_sample, config),
-        )
-    counts, _ = sample_counts(pos_sorted, valid, top, weight)
-    x_count = counts / float(n_sample)
-    if estimator == "count":
-        return x_count, counts, None
+) -> tuple[torch.Tensor, torch.Tensor, TailFit]:
+    """``evt``: the fitted GPD tail where fewer than ``min_count`` sampled distractors reach a
+    positive above the threshold, else the count (arguments and returns as
+    :func:`count_hardness`, the fit last)."""
+    x_count, counts, _ = count_hardness(pos_sorted, valid, top, n_sample, weight)
     fit = fit_tail(top, n_sample, weight, config)
     x_tail = tail_hardness(pos_sorted, fit)
     use_tail = valid & (counts < config.min_count) & ~torch.isnan(x_tail)
     x = torch.where(use_tail, x_tail, x_count)
     return x, counts, fit
+
+
+def support_inputs(
+    pos_sorted: torch.Tensor, top: torch.Tensor, n_sample: int, config: TailConfig
+) -> tuple[torch.Tensor, torch.Tensor, TailConfig]:
+    """``evt_support``'s (positives, kept scores, settings) for :func:`gpd_hardness`: the
+    sample-size threshold (:func:`sample_excesses`) and the shape bound following the
+    declared score range, the scores' rounding overshoot past it clipped."""
+    # Scores bounded above (cosine) keep the paper's ξ ≤ 0, unbounded inner products
+    # may have a heavy (ξ > 0) tail. Clipping the rounding overshoot keeps the fit off it.
+    pos_sorted = clip_to_range(pos_sorted, config.score_range, "positive scores")
+    top = clip_to_range(top, config.score_range, "sampled distractor scores")
+    bounded = config.score_range is not None and math.isfinite(config.score_range[1])
+    config = dataclasses.replace(
+        config,
+        xi_max=0.0 if bounded else UNBOUNDED_XI_MAX,
+        n_excess=sample_excesses(n_sample, config),
+    )
+    return pos_sorted, top, config

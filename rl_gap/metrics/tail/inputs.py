@@ -60,12 +60,13 @@ def check_predictor_inputs(pos_scores: torch.Tensor, state: NestedTopK, k: int) 
 
 @dataclass(frozen=True)
 class EstimateRequest:
-    """One checked prediction request (:func:`resolve_request`)."""
+    """One checked prediction request (:func:`resolve_request`); the options' defaults are
+    those of :func:`~rl_gap.metrics.tail.pipeline.estimate`."""
 
     estimator: Estimator
     gallery_size: int
     rank_law: str
-    n_boot: int
+    n_boot: int = 1000
     confidence: float = 0.95
     nested_boot: int = 0
     budget: bool = False
@@ -80,19 +81,21 @@ def resolve_request(
     estimator: str | Estimator,
     gallery_size: int,
     sample_size: int,
-    k: int,
+    k: int | None = None,
     rank_law: str | None = None,
-    n_boot: int = 1000,
-    confidence: float = 0.95,
-    nested_boot: int = 0,
-    budget: bool = False,
-    diagnose: bool = True,
+    **options,
 ) -> EstimateRequest:
-    """Check what is asked for against the sample (one ValueError naming the problem)."""
-    check_n_boot(n_boot)
+    """Check what is asked for against the sample (one ValueError naming the problem).
+
+    ``k`` is checked when given; None where a predictor, built from it, checked it.
+    ``options``: the request's other fields (``n_boot``, ``confidence``, ``nested_boot``,
+    ``budget``, ``diagnose``; an unknown one is a TypeError).
+    """
+    check_n_boot(options.get("n_boot", EstimateRequest.n_boot))
     est = get_estimator(estimator)
     law = resolve_rank_law(est, rank_law)
-    check_k(k)
+    if k is not None:
+        check_k(k)
     if sample_size < 1:
         raise ValueError("the distractor sample is empty")
     if gallery_size < sample_size:
@@ -100,6 +103,4 @@ def resolve_request(
             f"gallery_size ({gallery_size}) must be >= the distractor sample size ({sample_size}): "
             "the estimators extrapolate to larger galleries"
         )
-    return EstimateRequest(
-        est, gallery_size, law, n_boot, confidence, nested_boot, budget, diagnose
-    )
+    return EstimateRequest(est, gallery_size, law, **options)

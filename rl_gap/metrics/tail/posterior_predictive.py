@@ -30,7 +30,6 @@ from rl_gap.metrics.tail.bias import posterior_mode, simulate_top_scores
 from rl_gap.metrics.tail.gpd import gpd_survival
 from rl_gap.metrics.tail.hardness import TailFit, sample_counts, tail_hardness
 from rl_gap.metrics.tail.rank_law import (
-    ap_from_precision_terms,
     expected_precision,
     expected_precision_terms,
 )
@@ -186,26 +185,3 @@ def tail_precision_terms(
         qi, mi = use_tail.nonzero(as_tuple=True)
         terms[qi, mi] = (terms[qi, mi] - bias).clamp(0.0, 1.0)
     return terms, hardness
-
-
-def tail_expected_ap(
-    pos_sorted: torch.Tensor,
-    valid: torch.Tensor,
-    j: torch.Tensor,
-    counts: torch.Tensor,
-    post: GPDPosterior,
-    n_sample: int,
-    gallery_size: int,
-    k: int,
-    config: BayesTailConfig = DEFAULT_BAYES,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-query predictive E[AP@k]: :func:`tail_precision_terms` over min(k, m).
-
-    Returns:
-        ap: (Q,) float64 (NaN for rows with no positive);
-        hardness: (Q, m) posterior-mean hardness E[x] (0 at padding).
-    """
-    ap_terms, hardness = tail_precision_terms(
-        pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, config
-    )
-    return ap_from_precision_terms(ap_terms, valid, k), hardness

@@ -147,34 +147,6 @@ def expected_precision_terms(
     return out
 
 
-def expected_ap_at_k(
-    j: torch.Tensor,
-    valid: torch.Tensor,
-    hardness: torch.Tensor,
-    gallery_size: int,
-    k: int,
-    law: str = "binomial",
-    max_elements: int = 1 << 24,
-) -> torch.Tensor:
-    """Per-query E[AP@k] when K_j ~ Binomial(N, x_j) (or Poisson(N·x_j)).
-
-    ``E[AP@k] = (1/min(k, m)) Σ_j Σ_{K=0}^{k−j} j/(j+K) · P(K_j = K)``, the
-    sum of :func:`expected_precision_terms`.
-
-    Args:
-        j, valid: from :func:`sort_positives`, (Q, m).
-        hardness: (Q, m) population fractions x_j ∈ [0, 1].
-        gallery_size: N.
-        k: cut-off.
-        law: "binomial" or "poisson".
-
-    Returns:
-        (Q,) float64; NaN for rows with no positive.
-    """
-    terms = expected_precision_terms(j, valid, hardness, gallery_size, k, law, max_elements)
-    return ap_from_precision_terms(terms, valid, k)
-
-
 def ap_at_k_from_hardness(
     j: torch.Tensor,
     valid: torch.Tensor,
@@ -186,12 +158,15 @@ def ap_at_k_from_hardness(
     """Per-query predicted AP@k at gallery size N from hardness x (Q, m).
 
     ``rank_law``: "plugin" (expected ranks r_j = j + N·x_j, the paper's map),
-    "binomial" or "poisson" (exact E[AP@k] under that rank law).
+    "binomial" or "poisson" (exact E[AP@k] under that rank law:
+    ``(1/min(k, m)) Σ_j Σ_{K=0}^{k−j} j/(j+K) · P(K_j = K)``, the sum of
+    :func:`expected_precision_terms`).
     """
     if rank_law == "plugin":
         return ap_at_k_from_counts(j, valid, float(gallery_size) * hardness.to(torch.float64), k)
     if rank_law in ("binomial", "poisson"):
-        return expected_ap_at_k(j, valid, hardness, gallery_size, k, law=rank_law)
+        terms = expected_precision_terms(j, valid, hardness, gallery_size, k, law=rank_law)
+        return ap_from_precision_terms(terms, valid, k)
     raise ValueError(f"unknown rank_law {rank_law!r}; known: {', '.join(RANK_LAWS)}")
 
 

@@ -13,18 +13,19 @@ subclass plus :func:`register_estimator` (``docs/tail_extrapolation.md``,
 from __future__ import annotations
 
 import abc
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
-from rl_gap.metrics.tail.intervals import bootstrap_ci
+from rl_gap.metrics.tail.intervals import query_bootstrap
 from rl_gap.metrics.tail.rank_law import RANK_LAWS
 
 if TYPE_CHECKING:
     from rl_gap.metrics.tail.bayes import BayesTailConfig
-    from rl_gap.metrics.tail.diagnostics import Diagnostics
     from rl_gap.metrics.tail.hardness import TailConfig
-    from rl_gap.metrics.tail.predictor import TailPredictor
+    from rl_gap.metrics.tail.results import Diagnostics
+    from rl_gap.metrics.tail.view import Hardness, RowsView, TailView
 
 #: Exceedance counts of the threshold-stability refits (``diagnostics``).
 THRESHOLD_EXCESSES: tuple[int, ...] = (25, 50, 100, 200, 400)
@@ -35,7 +36,11 @@ DEFAULT_ESTIMATOR = "tail_pooled"
 
 
 class Estimator(abc.ABC):
-    """One tail estimator: per-query AP@k at gallery size N from a :class:`TailPredictor`.
+    """One tail estimator: per-query AP@k at gallery size N from a prediction's data.
+
+    Every method reads the data through a :class:`~rl_gap.metrics.tail.view.TailView`
+    (``view``): the positives, the nested levels, and the caches it shares with
+    its checks (``view.hardness(self)``, ``view.tail_terms``, ``view.memo``).
 
     Class attributes (a subclass sets what differs):
         name: the ``estimator=`` name.
@@ -50,9 +55,9 @@ class Estimator(abc.ABC):
             may be computed a block of queries at a time (``rows``).
         fixed_query_interval: ``ci`` is the interval for the fixed query set
             (distractor sample resampled, threshold refitted: ``uncertainty``) and
-            its flags say by how much it may be off; ``per_query`` then takes a
-            ``factor`` keyword scaling its exceedances. Otherwise ``ci`` is the
-            interval over queries.
+            its flags say by how much it may be off; ``hardness`` then takes the
+            ``factor`` (scaling its exceedances) and ``coarse`` keywords. Otherwise
+            ``ci`` is the interval over queries.
     """
 
     name: str = ""
@@ -76,46 +81,71 @@ class Estimator(abc.ABC):
     @abc.abstractmethod
     def per_query(
         self,
-        predictor: TailPredictor,
+        view: TailView,
         gallery_size: int,
         rank_law: str,
         level: int,
         weight: torch.Tensor | None,
         bayes: BayesTailConfig | None,
     ) -> torch.Tensor:
-        """(Q,) AP@k of every query (rows without positives are masked by the caller)."""
+        """(Q,) AP@k of every query (rows without positives are masked by :meth:`ap`)."""
+
+    def ap(
+        self,
+        view: TailView,
+        gallery_size: int,
+        rank_law: str | None = None,
+        level: int = -1,
+        weight: torch.Tensor | None = None,
+        bayes: BayesTailConfig | None = None,
+    ) -> torch.Tensor:
+        """(Q,) per-query AP@k of :meth:`per_query` at the resolved rank law; NaN for queries
+        without positives.
+
+        ``bayes`` overrides the ``tail`` settings for this call (posterior and bias correction).
+        """
+        ap = self.per_query(
+            view, gallery_size, resolve_rank_law(self, rank_law), level, weight, bayes
+        )
+        return torch.where(view.query_ok, ap, torch.full_like(ap, math.nan))
 
     def point_and_interval(
         self,
-        predictor: TailPredictor,
+        view: TailView,
         gallery_size: int,
         per_query: torch.Tensor,
         n_boot: int,
         confidence: float,
     ) -> tuple[float, tuple[float, float] | None]:
-        """mAP@k and its query-bootstrap interval (per-query values fixed, queries resampled)."""
-        mean = float(per_query[predictor.query_ok].mean())
-        return mean, bootstrap_ci(per_query, n_boot, confidence, predictor.generator())
+        """mAP@k and its query-bootstrap interval (per-query values fixed, queries resampled;
+        ``n_boot`` checked by the request)."""
+        mean = float(per_query[view.query_ok].mean())
+        return mean, query_bootstrap(per_query, n_boot, confidence, view.generator())
 
-    def hardness(self, predictor: TailPredictor, level: int, weight: torch.Tensor | None):
+    def hardness(self, view: RowsView, level: int, weight: torch.Tensor | None) -> Hardness:
         """(x, counts, fit) of a ``per_positive`` estimator on nested level ``level``."""
         raise ValueError(f"{self.name!r} has no per-positive hardness")
 
-    def checked_as(self, rank_law: str) -> tuple[str, str] | None:
+    def bump_hardness(self, view: TailView) -> torch.Tensor:
+        """(Q, m) the hardness a bump of outlying top scores is added to
+        (``diagnostics.bump_bound``): by default the estimator's own."""
+        return view.hardness(self)[0]
+
+    def checked_as(self, rank_law: str) -> tuple[Estimator, str] | None:
         """(estimator, rank law) whose diagnostics check this one; None: no checks."""
-        return (self.name, rank_law) if self.per_positive else None
+        return (self, rank_law) if self.per_positive else None
 
     def check_threshold(
-        self, predictor: TailPredictor, gallery_size: int, noise: float, per_thr, out: Diagnostics
+        self, view: TailView, gallery_size: int, noise: float, per_thr, out: Diagnostics
     ) -> None:
         """Add this estimator's threshold-stability findings to ``out`` (none by default)."""
         return None  # no threshold to check (the GPD estimators override this)
 
-    def replicate_settings(self, predictor: TailPredictor, rank_law: str) -> BayesTailConfig | None:
-        """Cheaper settings for the joint-bootstrap replicates (None: the predictor's own)."""
+    def replicate_settings(self, view: TailView, rank_law: str) -> BayesTailConfig | None:
+        """Cheaper settings for the joint-bootstrap replicates (None: the view's own)."""
         return None
 
-    def warnings(self, predictor: TailPredictor) -> list[str]:
+    def warnings(self, view: TailView) -> list[str]:
         """Why this sample is too small for this estimator (warned, not refused)."""
         return []
 
@@ -136,6 +166,11 @@ def register_estimator(estimator: Estimator) -> Estimator:
 def available_estimators() -> tuple[str, ...]:
     """Every registered ``estimator=`` name, in registration order."""
     return tuple(_REGISTRY)
+
+
+def hardness_estimators() -> tuple[str, ...]:
+    """The registered estimators built on per-positive hardness, in registration order."""
+    return tuple(name for name, est in _REGISTRY.items() if est.per_positive)
 
 
 def get_estimator(name: str | Estimator) -> Estimator:

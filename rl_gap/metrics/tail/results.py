@@ -1,4 +1,4 @@
-"""What a tail prediction returns: :class:`TailEstimate`."""
+"""What a tail prediction returns: :class:`TailEstimate` and its :class:`Diagnostics`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,63 @@ import torch
 
 from rl_gap.metrics.tail.bayes import GPDPosterior
 from rl_gap.metrics.tail.hardness import TailFit
+
+
+@dataclass
+class Diagnostics:
+    """What the sample can and cannot support about a prediction.
+
+    Attributes:
+        flags: one line per failed check (empty: supported).
+        threshold_maps: {n: mAP@k of ``evt`` fitted to n exceedances}.
+        threshold_spread: max − min of ``threshold_maps``.
+        shape_shift: median ξ at the deepest minus the shallowest threshold.
+        budget_spread, budget_noise: the sufficient-budget check's spread and noise
+            (NaN when not run).
+    """
+
+    flags: list[str] = field(default_factory=list)
+    threshold_maps: dict[int, float] = field(default_factory=dict)
+    threshold_spread: float = float("nan")
+    shape_shift: float = float("nan")
+    budget_spread: float = float("nan")
+    budget_noise: float = float("nan")
+    outlier_share: float = float("nan")
+    bump_bound: float | None = None
+
+    @property
+    def supported(self) -> bool:
+        return not self.flags
+
+    def widen(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
+        """``ci`` extended to cover every threshold's prediction ± the interval's own widths,
+        and down to ``bump_bound`` when set (None without an interval)."""
+        if ci is None or not self.threshold_maps:
+            return ci
+        lo_t, hi_t = min(self.threshold_maps.values()), max(self.threshold_maps.values())
+        centre = 0.5 * (ci[0] + ci[1])
+        lo, hi = min(ci[0], lo_t - (centre - ci[0])), max(ci[1], hi_t + (ci[1] - centre))
+        # A bump above the tail: down to the mAP if every query had it.
+        return (lo if self.bump_bound is None else min(lo, self.bump_bound), hi)
+
+    def widen_to_bump(self, ci: tuple[float, float] | None) -> tuple[float, float] | None:
+        """``ci`` extended down to ``bump_bound`` when set."""
+        if ci is None or self.bump_bound is None:
+            return ci
+        return (min(ci[0], self.bump_bound), ci[1])
+
+    def as_dict(self) -> dict:
+        return {
+            "flags": list(self.flags),
+            "supported": self.supported,
+            "threshold_maps": {str(n): v for n, v in self.threshold_maps.items()},
+            "threshold_spread": self.threshold_spread,
+            "shape_shift": self.shape_shift,
+            "budget_spread": self.budget_spread,
+            "budget_noise": self.budget_noise,
+            "outlier_share": self.outlier_share,
+            "bump_bound": self.bump_bound,
+        }
 
 
 @dataclass
@@ -47,7 +104,7 @@ class TailEstimate:
             of the prediction over GPD thresholds: the interval that also carries
             the threshold (model-choice) uncertainty. None when not diagnosed, or
             with no interval to widen (``n_boot=0`` and no ``nested_ci``).
-        diagnostics: the full :class:`~rl_gap.metrics.tail.diagnostics.Diagnostics`.
+        diagnostics: the full :class:`Diagnostics`.
     """
 
     map: float
@@ -68,7 +125,7 @@ class TailEstimate:
     budget: dict | None = field(default=None)
     flags: list[str] = field(default_factory=list)
     ci_total: tuple[float, float] | None = None
-    diagnostics: object | None = None
+    diagnostics: Diagnostics | None = None
     ci_over_queries: tuple[float, float] | None = None
     uncertainty: dict | None = None
 

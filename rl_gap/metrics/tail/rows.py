@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from rl_gap.metrics.tail.predictor import TailPredictor
+    from rl_gap.metrics.tail.view import TailView
 
 #: Values per (rows × width) array of one block (float64: 16 MiB).
 ROW_BLOCK_VALUES = 1 << 21
@@ -31,29 +31,25 @@ def row_slices(n_rows: int, width: int, block_values: int | None = None) -> list
 
 
 class RowView:
-    """Rows ``rows`` of a :class:`TailPredictor`, read the way an estimator reads the predictor."""
+    """Rows ``rows`` of a :class:`~rl_gap.metrics.tail.view.TailView`: a ``view.RowBlock``."""
 
-    def __init__(self, predictor: TailPredictor, rows: slice) -> None:
-        self.predictor, self.rows = predictor, rows
-        self.pos_sorted = predictor.pos_sorted[rows]
-        self.valid = predictor.valid[rows]
-        self.j = predictor.j[rows]
-        self.query_ok = predictor.query_ok[rows]
-        self.k, self.config, self.bayes = predictor.k, predictor.config, predictor.bayes
-        self.sample_size, self.state = predictor.sample_size, predictor.state
+    def __init__(self, parent: TailView, rows: slice) -> None:
+        self.parent, self.rows = parent, rows
+        self.pos_sorted = parent.pos_sorted[rows]
+        self.valid = parent.valid[rows]
+        self.j = parent.j[rows]
+        self.query_ok = parent.query_ok[rows]
+        self.k, self.config, self.bayes = parent.k, parent.config, parent.bayes
+        self.sample_size = parent.sample_size
 
     def level(self, index: int = -1) -> tuple[torch.Tensor, int]:
-        """These rows of nested level ``index``, sliced from the predictor's cache or built."""
-        cached = self.predictor.cached_level(index)
-        if cached is not None:
-            return cached[0][self.rows], cached[1]
-        top, _, size = self.state.level_with_keys(index, self.rows)
-        return top, size
+        """These rows of nested level ``index``."""
+        return self.parent.level_rows(index, self.rows)
 
     def level_size(self, index: int = -1) -> int:
-        return self.predictor.level_size(index)
+        return self.parent.level_size(index)
 
-    def row_views(self, cached=None) -> None:
+    def row_views(self) -> None:
         return None  # already one block
 
     def weight(self, weight: torch.Tensor | None) -> torch.Tensor | None:

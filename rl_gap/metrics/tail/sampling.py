@@ -147,6 +147,37 @@ class NestedTopK:
         state.top, state.seen, state.keys = top, seen, keys
         return state
 
+    @classmethod
+    def from_matrix(
+        cls,
+        sample_scores: torch.Tensor,
+        capacity: int,
+        fractions: tuple[float, ...],
+        keyed: bool,
+        seed: int,
+        shuffle: bool,
+    ) -> NestedTopK:
+        """The state of a full (Q, S) floating-point sample matrix: the arguments of
+        :func:`~rl_gap.metrics.tail.from_scores.state_from_scores`, which checks the matrix's
+        shape and says why the columns are permuted with ``seed`` first."""
+        Q, S = sample_scores.shape
+        dtype = torch.float64 if sample_scores.dtype == torch.float64 else torch.float32
+        state = cls(Q, capacity, fractions, dtype=dtype, keyed=keyed, device=sample_scores.device)
+        perm = (
+            torch.randperm(S, generator=torch.Generator().manual_seed(seed))
+            if shuffle
+            else torch.arange(S)
+        )
+        bounds = [0] + [int(round(f * S)) for f in fractions]
+        for p in range(len(fractions)):
+            for start in range(bounds[p], bounds[p + 1], 65536):
+                cols = perm[start : min(bounds[p + 1], start + 65536)]
+                block = sample_scores[:, cols.to(sample_scores.device)]
+                if not bool(torch.isfinite(block).all()):
+                    raise ValueError("sample_scores contains NaN or ±inf")
+                state.push(block, p, cols.to(block.device) if keyed else None)
+        return state
+
     @property
     def n_queries(self) -> int:
         return self.top.shape[1]

@@ -1,20 +1,44 @@
-"""What the nested sub-samples say: the sufficient-budget check, prediction curves, measured points."""
+"""What the nested sub-samples say: the metric measured on them, and the sufficient-budget check."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
-from rl_gap.metrics.tail.intervals import bootstrap_ci
-from rl_gap.metrics.tail.registry import get_estimator
+import torch
+
+from rl_gap.metrics.tail.hardness import sample_counts
+from rl_gap.metrics.tail.intervals import check_n_boot, query_bootstrap
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts
+from rl_gap.metrics.tail.registry import Estimator, get_estimator
 
 if TYPE_CHECKING:
-    from rl_gap.metrics.tail.predictor import TailPredictor
+    from rl_gap.metrics.tail.view import RowsView, TailView
+
+
+def measured_ap(
+    view: RowsView, level: int = -1, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(Q,) AP@k measured on nested sub-sample ``level`` as the gallery (N = its size); NaN for
+    queries without positives. A block of rows at a time when they are many.
+
+    Args:
+        view: the prediction's rows.
+        level: nested sub-sample index (-1: the full sample).
+        weight: optional (Q, T) multiplicities of the kept scores (bootstrap).
+    """
+    views = view.row_views()
+    if views is not None:
+        return torch.cat([measured_ap(v, level, v.weight(weight)) for v in views])
+    top, _ = view.level(level)
+    counts, _ = sample_counts(view.pos_sorted, view.valid, top, weight)
+    ap = ap_at_k_from_counts(view.j, view.valid, counts, view.k)
+    return torch.where(view.query_ok, ap, torch.full_like(ap, math.nan))
 
 
 def budget_check(
-    predictor: TailPredictor,
-    estimator: str,
+    view: TailView,
+    estimator: str | Estimator,
     gallery_size: int,
     rank_law: str | None = None,
     n_boot: int = 1000,
@@ -25,28 +49,26 @@ def budget_check(
 
     Predictions from the nested sub-samples S/4, S/2 and S side by side;
     ``converged`` when their spread (max − min) is below the query noise, the
-    half-width of the query-bootstrap interval at S.
+    half-width of the query-bootstrap interval at S (``ci``, else ``max(n_boot, 200)``
+    replicates of its own). ``estimator``: a registered name or the estimator.
     """
-    fractions = predictor.state.fractions
+    estimator = get_estimator(estimator)
+    fractions = view.fractions
     picks = [i for i, f in enumerate(fractions) if any(abs(f - g) < 1e-9 for g in (0.25, 0.5, 1.0))]
     rows = []
     for i in picks:
-        n = predictor.level_size(i)
-        pq = predictor.per_query(estimator, max(gallery_size, n), rank_law, level=i)
+        n = view.level_size(i)
+        pq = estimator.ap(view, max(gallery_size, n), rank_law, level=i)
         rows.append(
-            {
-                "fraction": fractions[i],
-                "sample_size": n,
-                "map": float(pq[predictor.query_ok].mean()),
-            }
+            {"fraction": fractions[i], "sample_size": n, "map": float(pq[view.query_ok].mean())}
         )
     if ci is None:
         # The check needs the query noise even when no interval was asked for.
-        ci = bootstrap_ci(
-            predictor.per_query(estimator, gallery_size, rank_law),
+        ci = query_bootstrap(
+            estimator.ap(view, gallery_size, rank_law),
             max(int(n_boot), 200),
             confidence,
-            predictor.generator(),
+            view.generator(),
         )
     noise = (ci[1] - ci[0]) / 2.0
     maps = [r["map"] for r in rows]
@@ -54,37 +76,19 @@ def budget_check(
     return {"levels": rows, "spread": spread, "noise": noise, "converged": bool(spread <= noise)}
 
 
-def prediction_curve(
-    predictor: TailPredictor,
-    estimator: str,
-    sizes: list[int],
-    rank_law: str | None = None,
-    n_boot: int = 500,
-    confidence: float = 0.95,
-) -> tuple[list[float], list[float], list[float]]:
-    """Predicted mAP@k and interval at each gallery size (hardness computed once)."""
-    est = get_estimator(estimator)
-    maps, los, his = [], [], []
-    for n in sizes:
-        pq = predictor.per_query(est.name, int(n), rank_law)
-        mean, (lo, hi) = est.point_and_interval(predictor, int(n), pq, n_boot, confidence)
-        maps.append(mean)
-        los.append(lo)
-        his.append(hi)
-    return maps, los, his
-
-
 def measured_on_sub_samples(
-    predictor: TailPredictor, n_boot: int = 500, confidence: float = 0.95
+    view: TailView, n_boot: int = 500, confidence: float = 0.95
 ) -> list[dict]:
-    """The metric measured on each nested sub-sample gallery (S/8 … S)."""
+    """The metric measured on each nested sub-sample gallery (S/8 … S), with its query-bootstrap
+    interval (None at ``n_boot=0``)."""
+    check_n_boot(n_boot)
     out = []
-    for i, f in enumerate(predictor.state.fractions):
-        n = predictor.level_size(i)
+    for i, f in enumerate(view.fractions):
+        n = view.level_size(i)
         if n == 0:
             continue
-        pq = predictor.per_query("sample", n, level=i)
-        ci = bootstrap_ci(pq, n_boot, confidence, predictor.generator())  # None at n_boot=0
-        mean = float(pq[predictor.query_ok].mean())
+        pq = measured_ap(view, i)
+        ci = query_bootstrap(pq, n_boot, confidence, view.generator())
+        mean = float(pq[view.query_ok].mean())
         out.append({"fraction": f, "sample_size": n, "map": mean, "ci": ci and list(ci)})
     return out

@@ -29,18 +29,20 @@ near-copies the sample barely sees (``diagnostics.tail_outlier_share``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import torch
 
-from rl_gap.metrics.tail.diagnostics import Diagnostics, check_bump
+from rl_gap.metrics.tail.diagnostics import check_bump
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness
+from rl_gap.metrics.tail.results import Diagnostics
 from rl_gap.metrics.tail.sampling import poisson_multiplicities
 
 if TYPE_CHECKING:
-    from rl_gap.metrics.tail.predictor import TailPredictor
     from rl_gap.metrics.tail.registry import Estimator
+    from rl_gap.metrics.tail.view import TailView
 
 #: Distractor-sample replicates of the fixed-query interval.
 REPLICATES = 12
@@ -54,50 +56,100 @@ FLAG_ERROR = 0.03
 FLAG_HALF_WIDTH = 0.13
 
 
+def resampled_weights(
+    view: TailView, replicates: int, generator: torch.Generator, first_key: int = 0
+) -> Iterator[torch.Tensor]:
+    """(Q, T) Poisson(1) multiplicities of the full sample's kept scores, one per replicate.
+
+    With a keyed state a distractor gets one multiplicity for every query (one
+    distractor that ranks high for many queries moves them all; replicate b hashes
+    key ``first_key + b``); otherwise each query's kept scores are resampled on their
+    own from ``generator``. Drawn lazily, so a caller may draw from ``generator`` between
+    replicates.
+    """
+    top, _ = view.level(-1)
+    keys = view.level_keys(-1)
+    finite = torch.isfinite(top).to(torch.float64)
+    for b in range(replicates):
+        if keys is None:
+            yield torch.poisson(finite, generator=generator)
+        else:
+            yield poisson_multiplicities(keys, first_key + b, view.seed) * finite
+
+
+def joint_bootstrap(
+    view: TailView,
+    estimator: Estimator,
+    gallery_size: int,
+    rank_law: str,
+    n_rep: int,
+    confidence: float,
+    per_query: torch.Tensor,
+) -> tuple[tuple[float, float], float]:
+    """(interval, distractor-sample sd) resampling queries and the distractor sample together
+    (:func:`resampled_weights`). ``rank_law`` is the estimator's resolved law
+    (``inputs.resolve_request``)."""
+    gen = view.generator(1)
+    rows = view.query_ok.nonzero().squeeze(1)
+    # An expensive estimator's replicates may run cheaper settings and carry each
+    # query's difference to the full prediction.
+    fast = estimator.replicate_settings(view, rank_law)
+    shift = 0.0
+    if fast is not None:
+        plain = estimator.ap(view, gallery_size, rank_law, bayes=fast)
+        shift = (per_query - plain)[rows]
+    estimate = float(per_query[rows].mean())
+    joint, sample_only = [], []
+    for weight in resampled_weights(view, n_rep, gen):
+        pq = estimator.ap(view, gallery_size, rank_law, weight=weight, bayes=fast)
+        pq = pq[rows] + shift
+        sample_only.append(pq.mean())
+        pick = torch.randint(0, rows.numel(), (rows.numel(),), generator=gen)
+        joint.append(pq[pick].mean())
+    # Centred on the prediction: reweighting the few sampled distractors above a
+    # positive shifts the replicates' mean (a count of 1 becomes 0 in 37% of
+    # them), which is the resampling's artefact, not the estimator's bias.
+    # Normal width from the replicates' sd: stable with the few replicates
+    # that an expensive estimator affords (percentiles of 25 are extremes).
+    half = NormalDist().inv_cdf(0.5 + confidence / 2) * float(torch.stack(joint).std())
+    return (estimate - half, estimate + half), float(torch.stack(sample_only).std())
+
+
 def sample_replicates(
-    predictor: TailPredictor,
+    view: TailView,
     estimator: Estimator,
     gallery_size: int,
     rank_law: str,
     replicates: int = REPLICATES,
 ) -> torch.Tensor:
     """(R,) mAP@k of the fixed queries on ``replicates`` resamples of the distractor sample."""
-    gen = predictor.generator(7)
-    top, _ = predictor.level(-1)
-    keys = predictor.level_keys(-1)
-    finite = torch.isfinite(top).to(torch.float64)
-    out = []
-    for b in range(replicates):
-        if keys is None:  # each query's kept scores resampled on their own
-            weight = torch.poisson(finite, generator=gen)
-        else:  # one multiplicity per distractor, shared by every query
-            weight = poisson_multiplicities(keys, 1000 + b, predictor.seed) * finite
-        out.append(_plugin_map(predictor, estimator, gallery_size, weight, 1.0))
+    weights = resampled_weights(view, replicates, view.generator(7), first_key=1000)
+    out = [_plugin_map(view, estimator, gallery_size, weight, 1.0) for weight in weights]
     return torch.stack(out).to(torch.float64)
 
 
 def threshold_moves(
-    predictor: TailPredictor, estimator: Estimator, gallery_size: int, rank_law: str
+    view: TailView, estimator: Estimator, gallery_size: int, rank_law: str
 ) -> dict[float, float]:
     """{factor: mAP@k refitted at factor × the estimator's exceedances}, for 1 and each of
     THRESHOLD_FACTORS (all on the estimator's coarse settings, so their moves compare)."""
     return {
-        f: float(_plugin_map(predictor, estimator, gallery_size, None, f))
+        f: float(_plugin_map(view, estimator, gallery_size, None, f))
         for f in (1.0, *THRESHOLD_FACTORS)
     }
 
 
-def _plugin_map(predictor, estimator, gallery_size: int, weight, factor: float) -> torch.Tensor:
+def _plugin_map(view, estimator, gallery_size: int, weight, factor: float) -> torch.Tensor:
     """mAP@k of the estimator's posterior-mean hardness through the plug-in ranks, on its
     coarse settings: the cheap proxy whose spread over resamples and thresholds the
     interval measures (the predictive law sums a negative binomial per positive up to k)."""
-    x, _, _ = estimator.hardness(predictor, -1, weight, factor=factor, coarse=True)
-    ap = ap_at_k_from_hardness(predictor.j, predictor.valid, x, gallery_size, predictor.k, "plugin")
-    return ap[predictor.query_ok].mean()
+    x, _, _ = estimator.hardness(view, -1, weight, factor=factor, coarse=True)
+    ap = ap_at_k_from_hardness(view.j, view.valid, x, gallery_size, view.k, "plugin")
+    return ap[view.query_ok].mean()
 
 
 def fixed_query_uncertainty(
-    predictor: TailPredictor,
+    view: TailView,
     estimator: Estimator,
     gallery_size: int,
     rank_law: str,
@@ -108,9 +160,9 @@ def fixed_query_uncertainty(
 ) -> dict:
     """The fixed-query interval's parts: {"ci", "half_width", "sample_sd", "threshold_move",
     "threshold_maps"} (module docstring)."""
-    reps = sample_replicates(predictor, estimator, gallery_size, rank_law, replicates)
+    reps = sample_replicates(view, estimator, gallery_size, rank_law, replicates)
     sample_sd = float(reps.std()) if reps.numel() > 1 else 0.0
-    maps = threshold_moves(predictor, estimator, gallery_size, rank_law)
+    maps = threshold_moves(view, estimator, gallery_size, rank_law)
     move = max(abs(v - maps[1.0]) for v in maps.values())
     z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
     half = z * inflation * math.sqrt(sample_sd**2 + move**2)
@@ -124,12 +176,15 @@ def fixed_query_uncertainty(
 
 
 def error_flags(
-    predictor: TailPredictor,
+    view: TailView,
     gallery_size: int,
     parts: dict,
+    bump_hardness: Callable[[], torch.Tensor],
     flag_half_width: float = FLAG_HALF_WIDTH,
 ) -> Diagnostics:
-    """Flags of the default prediction, each saying by how much it may be off."""
+    """Flags of the default prediction, each saying by how much it may be off (``parts``:
+    :func:`fixed_query_uncertainty`; ``bump_hardness``: the hardness a bump raises,
+    ``Estimator.bump_hardness``, built only when there is a bump)."""
     out = Diagnostics()
     out.threshold_maps = {f"x{f:g}": v for f, v in parts["threshold_maps"].items()}
     values = list(parts["threshold_maps"].values())
@@ -141,9 +196,10 @@ def error_flags(
             f" give ±{parts['half_width']:.3f}"
         )
     check_bump(
-        out, predictor, gallery_size,
+        out, view, gallery_size,
         lambda share, bound: f"may be off by more than {FLAG_ERROR:.2f}: {share:.0%} of queries "
         "have a top sampled score apart from their tail (rare near-copies? the pool holds N/S "
-        f"times more); if every query had them above its positives: mAP@{predictor.k} {bound:.3f}",
+        f"times more); if every query had them above its positives: mAP@{view.k} {bound:.3f}",
+        bump_hardness,
     )  # fmt: skip
     return out

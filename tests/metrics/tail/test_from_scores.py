@@ -14,7 +14,7 @@ import torch
 
 from rl_gap.metrics.tail import predict_map
 from rl_gap.metrics.tail.hardness import fit_tail, sample_counts
-from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness, expected_ap_at_k, sort_positives
+from rl_gap.metrics.tail.rank_law import ap_at_k_from_hardness, sort_positives
 
 
 def reference_ap_at_k(pos: list[float], neg: list[float], k: int) -> float:
@@ -89,7 +89,7 @@ def test_expected_ap_matches_simulated_galleries():
     )
     pos_sorted, valid, j = sort_positives(pos)
     x = torch.where(valid, 1.0 - pos_sorted, torch.zeros_like(pos_sorted))
-    exact = expected_ap_at_k(j, valid, x, N, k, law="binomial")
+    exact = ap_at_k_from_hardness(j, valid, x, N, k, "binomial")
     draws = torch.rand(R, N, generator=g, dtype=torch.float64)
     for q in range(2):
         p = pos[q][~torch.isnan(pos[q])]
@@ -102,8 +102,8 @@ def test_expected_ap_matches_simulated_galleries():
     # Plug-in expected ranks differ from E[AP@k] (Jensen), Poisson ≈ Binomial for small x.
     plugin = ap_at_k_from_hardness(j, valid, x, N, k, "plugin")
     assert not torch.allclose(plugin, exact, atol=1e-3)
-    big = expected_ap_at_k(j, valid, x / 1000, N * 1000, k, law="binomial")
-    poisson = expected_ap_at_k(j, valid, x / 1000, N * 1000, k, law="poisson")
+    big = ap_at_k_from_hardness(j, valid, x / 1000, N * 1000, k, "binomial")
+    poisson = ap_at_k_from_hardness(j, valid, x / 1000, N * 1000, k, "poisson")
     torch.testing.assert_close(big, poisson, atol=2e-4, rtol=0)
 
 

@@ -40,3 +40,39 @@ def test_scores_and_state_are_checked():
     state.push(torch.rand(2, 10), 0)
     with pytest.raises(ValueError, match="the state keeps 3 scores per query"):
         check_predictor_inputs(torch.zeros(2, 1), state, 5)
+
+
+@pytest.mark.parametrize(
+    "estimator, options",
+    [
+        ("tail_pooled", {}),
+        ("evt", {"nested_boot": 3, "budget": True}),
+        ("single_x", {}),
+    ],
+)
+def test_predict_map_checks_each_input_once(monkeypatch, estimator, options):
+    """check_sample_matrix, check_k and check_n_boot run once per call, wherever a module of
+    the package holds them."""
+    import sys
+
+    from rl_gap.metrics.tail import inputs, intervals, predict_map
+
+    calls = {}
+    for check in (inputs.check_sample_matrix, inputs.check_k, intervals.check_n_boot):
+        calls[check.__name__] = 0
+
+        def counted(*args, _check=check, **kwargs):
+            calls[_check.__name__] += 1
+            return _check(*args, **kwargs)
+
+        for name, module in list(sys.modules.items()):
+            if (
+                name.startswith("rl_gap.metrics.tail")
+                and getattr(module, check.__name__, None) is check
+            ):
+                monkeypatch.setattr(module, check.__name__, counted)
+    gen = torch.Generator().manual_seed(0)
+    pos = 0.5 + 0.2 * torch.rand(6, 2, generator=gen)
+    sample = torch.rand(6, 400, generator=gen) * 0.9
+    predict_map(pos, sample, 4000, k=5, estimator=estimator, n_boot=20, **options)
+    assert calls == {"check_sample_matrix": 1, "check_k": 1, "check_n_boot": 1}

@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rl_gap.metrics.tail as tail
 from rl_gap.metrics.tail import (
+    ESTIMATORS,
+    HARDNESS_ESTIMATORS,
     Estimator,
     available_estimators,
     predict_map,
     register_estimator,
     registry,
 )
-from rl_gap.metrics.tail.estimate import ESTIMATORS, HARDNESS_ESTIMATORS
 from rl_gap.metrics.tail.registry import resolve_rank_law
 
 
@@ -56,3 +58,35 @@ def test_a_registered_estimator_is_served_by_predict_map(monkeypatch):
     assert est.map == 0.5 and est.ci == (0.5, 0.5) and est.hardness is None
     with pytest.raises(ValueError, match="already registered"):
         register_estimator(HalfEverywhere())
+
+
+class PerPositiveHalf(HalfEverywhere):
+    name = "toy_per_positive"
+    per_positive = True
+
+
+def test_the_name_tuples_follow_the_registry(monkeypatch):
+    """``ESTIMATORS`` / ``HARDNESS_ESTIMATORS`` are read at each access, not copied at import."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = tail.ESTIMATORS
+    register_estimator(HalfEverywhere())
+    register_estimator(PerPositiveHalf())
+    assert tail.ESTIMATORS == (*before, "toy_half", "toy_per_positive")
+    assert tail.HARDNESS_ESTIMATORS[-1] == "toy_per_positive"
+    assert "toy_half" not in tail.HARDNESS_ESTIMATORS
+    assert {"ESTIMATORS", "HARDNESS_ESTIMATORS"} <= set(dir(tail))
+
+
+@pytest.mark.parametrize("name", ["single_x", "powerlaw", "tail_pooled"])
+def test_an_estimator_needs_no_other_registered_name(monkeypatch, name):
+    """What an estimator reads of another (the sample's own AP@k, evt_support's hardness) it
+    computes itself: with only it registered, the prediction is the same."""
+    gen = torch.Generator().manual_seed(1)
+    pos = 0.6 + 0.3 * torch.rand(8, 3, generator=gen)
+    sample = 0.9 * torch.rand(8, 600, generator=gen)
+    sample[:4, 0] = 0.99  # a bump above the tail: tail_pooled's flag reads evt_support
+    want = predict_map(pos, sample, 20_000, k=5, estimator=name, n_boot=20)
+    monkeypatch.setattr(registry, "_REGISTRY", {name: registry._REGISTRY[name]})
+    got = predict_map(pos, sample, 20_000, k=5, estimator=name, n_boot=20)
+    assert available_estimators() == (name,)
+    assert (got.map, got.ci, got.flags) == (want.map, want.ci, want.flags)

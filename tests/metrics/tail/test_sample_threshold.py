@@ -10,10 +10,17 @@ import torch
 from rl_gap.metrics.tail import predict_map
 from rl_gap.metrics.tail.hardness import (
     DEFAULT_CONFIG,
-    estimate_hardness,
+    gpd_hardness,
     sample_excesses,
     sample_n_top,
 )
+from rl_gap.metrics.tail.registry import get_estimator
+
+
+def support_gpd_hardness(pos, valid, top, n_sample):
+    """``evt_support``'s hardness at the default settings."""
+    est = get_estimator("evt_support")
+    return est.estimate_hardness(pos, valid, top, n_sample, None, DEFAULT_CONFIG)
 
 
 def _sorted_top(Q: int, T: int, seed: int = 0) -> torch.Tensor:
@@ -49,15 +56,15 @@ def test_fit_thresholds_at_the_rule_and_evt_keeps_the_papers_constants(n_sample)
     pos = top[:, :2] + 1e-3  # above every sampled score: the tail decides
     valid = torch.ones_like(pos, dtype=torch.bool)
     n = sample_excesses(n_sample)
-    _, _, fit = estimate_hardness("evt_support", pos, valid, top, n_sample)
+    _, _, fit = support_gpd_hardness(pos, valid, top, n_sample)
     # The threshold is the (n+1)-th largest score, n exceedances above it.
     assert torch.equal(fit.threshold, top[:, n])
     assert torch.allclose(fit.zeta, torch.full((6,), n / n_sample, dtype=torch.float64))
-    _, _, paper = estimate_hardness("evt", pos, valid, top, n_sample)
+    _, _, paper = gpd_hardness(pos, valid, top, n_sample)
     assert torch.equal(paper.threshold, top[:, 200])
     if n_sample >= 1_000_000:  # the same estimator as the paper's there
-        x_rule, _, _ = estimate_hardness("evt_support", pos, valid, top, n_sample)
-        x_paper, _, _ = estimate_hardness("evt", pos, valid, top, n_sample, config=DEFAULT_CONFIG)
+        x_rule, _, _ = support_gpd_hardness(pos, valid, top, n_sample)
+        x_paper, _, _ = gpd_hardness(pos, valid, top, n_sample, config=DEFAULT_CONFIG)
         assert torch.equal(x_rule, x_paper)
 
 
