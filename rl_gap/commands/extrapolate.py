@@ -61,7 +61,7 @@ from rl_gap.commands.extrapolate_output import (  # noqa: F401  (names kept impo
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail.build import new_state, tail_predictor
 from rl_gap.metrics.tail.hardness import SIMILARITY_RANGES, TailConfig, resolve_score_range
-from rl_gap.metrics.tail.predictor import ESTIMATE_STAGES
+from rl_gap.metrics.tail.pipeline import ESTIMATE_STAGES
 from rl_gap.metrics.tail.rank_law import RANK_LAWS
 from rl_gap.metrics.tail.registry import (
     DEFAULT_ESTIMATOR,

@@ -31,7 +31,6 @@ from rl_gap.metrics.tail.hardness import (
     sample_counts,
 )
 from rl_gap.metrics.tail.inputs import check_predictor_inputs
-from rl_gap.metrics.tail.pipeline import ESTIMATE_STAGES
 from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
 from rl_gap.metrics.tail.rank_law import sort_positives
 from rl_gap.metrics.tail.registry import Estimator, get_estimator
@@ -42,7 +41,7 @@ from rl_gap.metrics.tail.view import PerPositive
 
 T = TypeVar("T")
 
-__all__ = ["ESTIMATE_STAGES", "TailPredictor"]
+__all__ = ["TailPredictor"]
 
 
 class TailPredictor:
