@@ -387,7 +387,7 @@ def _estimate_all(args, estimators, predictor, score_range, progress) -> dict:
     for name in estimators:
         update = progress.stage(f"{name}", len(ESTIMATE_STAGES) - 1)
         est = predictor.estimate(
-            name, args.gallery_size, args.rank_law, args.n_boot, nested_boot=args.nested_boot,
+            name, args.gallery_size, args.rank_law, n_boot=args.n_boot, nested_boot=args.nested_boot,
             # The default's interval already carries the sample's noise; its S/4 · S/2 · S
             # check (two more predictive-law predictions) is left to predict_map(budget=True).
             budget=get_estimator(name).per_positive

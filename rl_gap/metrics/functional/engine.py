@@ -67,23 +67,11 @@ def state_from_embeddings(
     query_labels=None,
     database_labels=None,
     *,
-    exclude_self: bool = False,
-    query_index: Tensor | None = None,
-    relevant_pairs: tuple[Tensor, Tensor] | None = None,
-    block_size: int | tuple[int, int] = 2048,
-    device: torch.device | str | None = None,
-    query_group: Tensor | None = None,
-    num_groups: int = 1,
     bootstrap_budget: int = 0,
     cache_bytes: int = 512 << 20,
-    validated: bool = False,
-    symmetric: bool | None = None,
     extra_grid: Tensor | None = None,
-    query_rows: Tensor | None = None,
-    database_rows: Tensor | None = None,
-    query_offsets: Tensor | None = None,
     shard: Shard | None = None,
-    normalize: bool = False,
+    **problem,
 ) -> RetrievalState:
     """Exact retrieval state from embeddings; scores are dot products.
 
@@ -91,6 +79,10 @@ def state_from_embeddings(
     (the blocks holding positives) -> ``count_negatives`` (every block, on the grid) ->
     ``state_in_query_order``. Bookkeeping runs on one CPU thread; the GEMM blocks and
     the counting kernel use torch's configured threads.
+
+    The problem's options (every argument below but ``bootstrap_budget``,
+    ``cache_bytes``, ``extra_grid`` and ``shard``) go by name to ``plan_problem``,
+    which checks them and holds their defaults; an unknown one is a TypeError.
 
     Args:
         queries: (Q, dim) float tensor or numpy array (memory maps are read block-wise).
@@ -130,13 +122,7 @@ def state_from_embeddings(
         raise ValueError(f"cache_bytes must be an integer >= 0, got {cache_bytes!r}")
     heavy_threads = torch.get_num_threads()
     with torch_threads(1):
-        plan = plan_problem(
-            queries, database, query_labels, database_labels, exclude_self=exclude_self,
-            query_index=query_index, relevant_pairs=relevant_pairs, block_size=block_size,
-            device=device, query_group=query_group, num_groups=num_groups, validated=validated,
-            symmetric=symmetric, query_rows=query_rows, database_rows=database_rows,
-            query_offsets=query_offsets, normalize=normalize,
-        )  # fmt: skip
+        plan = plan_problem(queries, database, query_labels, database_labels, **problem)
         scorer = BlockScorer(plan, heavy_threads)
         positives = score_positives(plan, scorer, cache_bytes, shard)
         counts = count_negatives(plan, scorer, positives, bootstrap_budget, extra_grid, shard)

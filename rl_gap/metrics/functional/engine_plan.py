@@ -111,8 +111,9 @@ def plan_problem(
     query_offsets: Tensor | None = None,
     normalize: bool = False,
 ) -> Plan:
-    """Check the inputs of ``state_from_embeddings`` (same arguments) and plan the problem:
-    label-sorted order, positive pairs, self columns, blocks, whether to use symmetry."""
+    """Check the inputs of ``state_from_embeddings`` (its problem's arguments, documented
+    there; their defaults are these) and plan the problem: label-sorted order, positive
+    pairs, self columns, blocks, whether to use symmetry."""
     queries = as_tensor(queries, "queries")
     database = queries if database is None else as_tensor(database, "database")
     _check_embedding_pair(queries, database, validated)

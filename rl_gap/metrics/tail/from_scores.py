@@ -29,7 +29,7 @@ import torch
 from rl_gap.metrics.tail.bayes import DEFAULT_BAYES, BayesTailConfig
 from rl_gap.metrics.tail.build import state_capacity, tail_predictor, with_score_range
 from rl_gap.metrics.tail.hardness import DEFAULT_CONFIG, TailConfig
-from rl_gap.metrics.tail.inputs import check_sample_matrix, resolve_request
+from rl_gap.metrics.tail.inputs import EstimateRequest, check_sample_matrix, resolve_request
 from rl_gap.metrics.tail.pipeline import run
 from rl_gap.metrics.tail.registry import DEFAULT_ESTIMATOR
 from rl_gap.metrics.tail.results import TailEstimate
@@ -69,10 +69,10 @@ def predict_map(
     estimator: str = DEFAULT_ESTIMATOR,
     *,
     rank_law: str | None = None,
-    n_boot: int = 1000,
-    confidence: float = 0.95,
-    nested_boot: int = 0,
-    budget: bool = False,
+    n_boot: int = EstimateRequest.n_boot,
+    confidence: float = EstimateRequest.confidence,
+    nested_boot: int = EstimateRequest.nested_boot,
+    budget: bool = EstimateRequest.budget,
     config: TailConfig = DEFAULT_CONFIG,
     seed: int = 0,
     bayes: BayesTailConfig = DEFAULT_BAYES,

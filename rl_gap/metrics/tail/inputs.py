@@ -60,8 +60,24 @@ def check_predictor_inputs(pos_scores: torch.Tensor, state: NestedTopK, k: int) 
 
 @dataclass(frozen=True)
 class EstimateRequest:
-    """One checked prediction request (:func:`resolve_request`); the options' defaults are
-    those of :func:`~rl_gap.metrics.tail.pipeline.estimate`."""
+    """One checked prediction request (:func:`resolve_request`): the home of the options of
+    :func:`~rl_gap.metrics.tail.pipeline.estimate` (``TailPredictor.estimate``) and of their
+    defaults.
+
+    Attributes:
+        estimator: the estimator asked for.
+        gallery_size: N to predict for (≥ S).
+        rank_law: the resolved rank law ("predictive", "plugin", "binomial" or "poisson").
+        n_boot: query-bootstrap replicates; 0 = no interval (``ci`` and ``ci_total`` None;
+            the budget check then takes its query noise from 200 replicates of its own).
+        confidence: interval mass.
+        nested_boot: if > 0, also resample the distractor sample this many times
+            (Poisson(1) multiplicities) jointly with the queries, for ``nested_ci`` and
+            ``sample_noise_sd`` (``uncertainty.joint_bootstrap``).
+        budget: add the sufficient-budget diagnostic (S/4, S/2, S).
+        diagnose: for the per-positive estimators, run the checks of ``diagnostics`` and
+            fill ``flags``, ``ci_total`` and ``diagnostics``.
+    """
 
     estimator: Estimator
     gallery_size: int

@@ -337,13 +337,13 @@ class TailExtrapolatedMAP(Metric):
                 self.estimator,
                 self.gallery_size,
                 kwargs.pop("rank_law", self.rank_law),
-                kwargs.pop("n_boot", self.n_boot),
+                n_boot=kwargs.pop("n_boot", self.n_boot),
                 **kwargs,
             )
 
     def compute(self) -> dict[str, torch.Tensor]:
         est = self.predictor().estimate(
-            self.estimator, self.gallery_size, self.rank_law, self.n_boot
+            self.estimator, self.gallery_size, self.rank_law, n_boot=self.n_boot
         )
         # n_boot = 0 asks for no interval: its bounds are logged as NaN.
         ci = est.ci or (math.nan, math.nan)

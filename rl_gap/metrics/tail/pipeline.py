@@ -32,12 +32,9 @@ def estimate(
     estimator: str | Estimator,
     gallery_size: int,
     rank_law: str | None = None,
-    n_boot: int = 1000,
-    confidence: float = 0.95,
-    nested_boot: int = 0,
-    budget: bool = False,
-    diagnose: bool = True,
+    *,
     on_stage: Callable[[str], None] | None = None,
+    **options,
 ) -> TailEstimate:
     """Predicted mAP@k at ``gallery_size`` with its interval (``TailPredictor.estimate``).
 
@@ -47,23 +44,16 @@ def estimate(
         gallery_size: N to predict for (≥ S).
         rank_law: None (the estimator's own: "predictive" for tail, else
             "plugin"), "plugin", "binomial" or "poisson" (see rank_law).
-        n_boot: query-bootstrap replicates; 0 = no interval (``ci`` and
-            ``ci_total`` None; the budget check then takes its query noise
-            from 200 replicates of its own).
-        confidence: interval mass.
-        nested_boot: if > 0, also resample the distractor sample this many
-            times (Poisson(1) multiplicities) jointly with the queries, for
-            ``nested_ci`` and ``sample_noise_sd`` (``uncertainty.joint_bootstrap``).
-        budget: add the sufficient-budget diagnostic (S/4, S/2, S).
-        diagnose: for the per-positive estimators, run the checks of
-            ``diagnostics`` and fill ``flags``, ``ci_total`` and ``diagnostics``.
         on_stage: optional ``on_stage(name)`` called as each stage starts
             (:data:`ESTIMATE_STAGES`), for progress display.
+        **options: by name, the request's options ``n_boot``, ``confidence``,
+            ``nested_boot``, ``budget`` and ``diagnose``, documented with their defaults
+            in :class:`~rl_gap.metrics.tail.inputs.EstimateRequest`; an unknown one is a
+            TypeError.
     """
     request = resolve_request(
-        estimator, gallery_size, view.sample_size, rank_law=rank_law, n_boot=n_boot,
-        confidence=confidence, nested_boot=nested_boot, budget=budget, diagnose=diagnose,
-    )  # fmt: skip
+        estimator, gallery_size, view.sample_size, rank_law=rank_law, **options
+    )
     return run(view, request, on_stage)
 
 

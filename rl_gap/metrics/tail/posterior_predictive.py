@@ -15,6 +15,7 @@ bootstrap of the whole estimator (``bias``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -69,46 +70,6 @@ def tail_survival(
     return gpd_survival(y.unsqueeze(-1), sigma.unsqueeze(1), post.xi.view(1, 1, G))
 
 
-def _positive_terms(
-    pos_sorted: torch.Tensor,
-    valid: torch.Tensor,
-    j: torch.Tensor,
-    counts: torch.Tensor,
-    post: GPDPosterior,
-    n_sample: int,
-    gallery_size: int,
-    k: int,
-    config: BayesTailConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-positive E[precision] (Q, m), posterior-mean hardness (Q, m) and the tail mask."""
-    Q, m = pos_sorted.shape
-    extra = float(gallery_size - n_sample)
-    surv = tail_survival(pos_sorted, valid, post, config)
-    x_tail = post.zeta.view(Q, 1, 1) * surv  # (Q, m, G)
-    use_tail = valid & (counts < config.min_count) & post.ok.unsqueeze(1)
-    counted = valid & ~use_tail
-    ap_terms = torch.zeros(Q, m, dtype=torch.float64)
-    hardness = torch.zeros(Q, m, dtype=torch.float64)
-    if bool(use_tail.any()):
-        qi, mi = use_tail.nonzero(as_tuple=True)
-        mix = post.weight[qi]
-        mean = extra * x_tail[qi, mi]
-        r = post.n_u[qi].clamp_min(1.0)
-        ap_terms[qi, mi] = expected_precision(j[qi, mi], counts[qi, mi], r, mean, mix, k)
-        hardness[qi, mi] = (mix * x_tail[qi, mi]).sum(1)
-    if bool(counted.any()):
-        qi, mi = counted.nonzero(as_tuple=True)
-        c = counts[qi, mi].to(torch.float64)
-        # x | K_S ~ Gamma(K_S, S): K' negative binomial, r = K_S, mean (N − S)·K_S/S.
-        mean = (extra * c / n_sample).unsqueeze(1)
-        r = c.clamp_min(1e-3)
-        mean = torch.where(c.unsqueeze(1) > 0, mean, torch.zeros_like(mean))
-        ones = torch.ones_like(mean)
-        ap_terms[qi, mi] = expected_precision(j[qi, mi], c, r, mean, ones, k)
-        hardness[qi, mi] = c / n_sample
-    return ap_terms, hardness, use_tail
-
-
 def bootstrap_bias(
     pos_sorted: torch.Tensor,
     valid: torch.Tensor,
@@ -135,6 +96,7 @@ def bootstrap_bias(
     x_fit = tail_hardness(pos_sorted, fit)
     truth = expected_precision_terms(j, use_tail, x_fit, gallery_size, k, law="poisson")[qi, mi]
     gen = torch.Generator().manual_seed(config.bias_seed)
+    plain = dataclasses.replace(config, bias_replicates=0)  # the uncorrected predictive terms
     total = torch.zeros_like(truth)
     for _ in range(config.bias_replicates):
         sim = simulate_top_scores(post.threshold, post.zeta, sigma, xi, n_sample, width, gen)
@@ -142,11 +104,19 @@ def bootstrap_bias(
         sim = torch.where(post.ok.unsqueeze(1), sim, torch.full_like(sim, -math.inf))
         sim_counts, _ = sample_counts(pos_sorted, use_tail, sim)
         sim_post = gpd_posterior(sim, n_sample, None, config)
-        terms, _, _ = _positive_terms(
-            pos_sorted, use_tail, j, sim_counts, sim_post, n_sample, gallery_size, k, config
+        terms, _ = tail_precision_terms(
+            pos_sorted, use_tail, j, sim_counts, sim_post, n_sample, gallery_size, k, plain
         )
         total += terms[qi, mi]
     return total / config.bias_replicates - truth
+
+
+def tail_positives(
+    valid: torch.Tensor, counts: torch.Tensor, post: GPDPosterior, config: BayesTailConfig
+) -> torch.Tensor:
+    """(Q, m) the positives predicted from the GPD tail: fewer than ``config.min_count``
+    sampled scores beat them, on a query whose tail fit is ok (the others are counted)."""
+    return valid & (counts < config.min_count) & post.ok.unsqueeze(1)
 
 
 def tail_precision_terms(
@@ -162,22 +132,45 @@ def tail_precision_terms(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-positive predictive E[precision] at gallery size N (the ``tail`` estimator).
 
-    With ``config.bias_replicates > 0`` the tail positives' terms are
-    bias-corrected (:func:`bootstrap_bias`) and clipped to [0, 1].
+    With ``config.bias_replicates > 0`` the tail positives' (:func:`tail_positives`)
+    terms are bias-corrected (:func:`bootstrap_bias`) and clipped to [0, 1].
 
     Args:
         pos_sorted, valid, j: from ``rank_law.sort_positives``, (Q, m).
         counts: (Q, m) sampled distractors ≥ each positive (K_S).
         post: the per-query GPD posterior.
         n_sample: S; gallery_size: N (≥ S); k: cut-off.
+        config: the ``tail`` settings.
 
     Returns:
         terms: (Q, m) float64 (0 at padding);
         hardness: (Q, m) posterior-mean hardness E[x] (0 at padding).
     """
-    terms, hardness, use_tail = _positive_terms(
-        pos_sorted, valid, j, counts, post, n_sample, gallery_size, k, config
-    )
+    Q, m = pos_sorted.shape
+    extra = float(gallery_size - n_sample)
+    surv = tail_survival(pos_sorted, valid, post, config)
+    x_tail = post.zeta.view(Q, 1, 1) * surv  # (Q, m, G)
+    use_tail = tail_positives(valid, counts, post, config)
+    counted = valid & ~use_tail
+    terms = torch.zeros(Q, m, dtype=torch.float64)
+    hardness = torch.zeros(Q, m, dtype=torch.float64)
+    if bool(use_tail.any()):
+        qi, mi = use_tail.nonzero(as_tuple=True)
+        mix = post.weight[qi]
+        mean = extra * x_tail[qi, mi]
+        r = post.n_u[qi].clamp_min(1.0)
+        terms[qi, mi] = expected_precision(j[qi, mi], counts[qi, mi], r, mean, mix, k)
+        hardness[qi, mi] = (mix * x_tail[qi, mi]).sum(1)
+    if bool(counted.any()):
+        qi, mi = counted.nonzero(as_tuple=True)
+        c = counts[qi, mi].to(torch.float64)
+        # x | K_S ~ Gamma(K_S, S): K' negative binomial, r = K_S, mean (N − S)·K_S/S.
+        mean = (extra * c / n_sample).unsqueeze(1)
+        r = c.clamp_min(1e-3)
+        mean = torch.where(c.unsqueeze(1) > 0, mean, torch.zeros_like(mean))
+        ones = torch.ones_like(mean)
+        terms[qi, mi] = expected_precision(j[qi, mi], c, r, mean, ones, k)
+        hardness[qi, mi] = c / n_sample
     if config.bias_replicates > 0 and gallery_size > n_sample and bool(use_tail.any()):
         bias = bootstrap_bias(
             pos_sorted, valid, j, use_tail, post, n_sample, gallery_size, k, config

@@ -240,18 +240,11 @@ class TailPredictor:
             self._tail_terms[key] = terms
         return terms
 
-    def per_query(
-        self,
-        estimator: str | Estimator,
-        gallery_size: int,
-        rank_law: str | None = None,
-        level: int = -1,
-        weight: torch.Tensor | None = None,
-        bayes: BayesTailConfig | None = None,
-    ) -> torch.Tensor:
+    def per_query(self, estimator: str | Estimator, gallery_size: int, **options) -> torch.Tensor:
         """(Q,) per-query AP@k of a named estimator; NaN for queries without positives (and for
-        curve fits): :meth:`Estimator.ap` with this predictor as its view."""
-        return get_estimator(estimator).ap(self, gallery_size, rank_law, level, weight, bayes)
+        curve fits): :meth:`Estimator.ap` with this predictor as its view, ``options`` its
+        ``rank_law``, ``level``, ``weight`` and ``bayes``, by name."""
+        return get_estimator(estimator).ap(self, gallery_size, **options)
 
     def row_views(self) -> list[RowView] | None:
         """Blocks of query rows when the per-positive arrays exceed one block (``rows``);

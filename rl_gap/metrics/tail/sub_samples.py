@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rl_gap.metrics.tail.hardness import sample_counts
+from rl_gap.metrics.tail.inputs import EstimateRequest
 from rl_gap.metrics.tail.intervals import check_n_boot, query_bootstrap
 from rl_gap.metrics.tail.rank_law import ap_at_k_from_counts
 from rl_gap.metrics.tail.registry import Estimator, get_estimator
@@ -41,8 +42,8 @@ def budget_check(
     estimator: str | Estimator,
     gallery_size: int,
     rank_law: str | None = None,
-    n_boot: int = 1000,
-    confidence: float = 0.95,
+    n_boot: int = EstimateRequest.n_boot,
+    confidence: float = EstimateRequest.confidence,
     ci: tuple[float, float] | None = None,
 ) -> dict:
     """Sufficient-budget diagnostic (paper App. D).

@@ -14,7 +14,11 @@ import torch
 from rl_gap.metrics.tail.bayes import BayesTailConfig, gpd_posterior
 from rl_gap.metrics.tail.bias import gpd_excess_quantile, posterior_mode, smallest_uniforms
 from rl_gap.metrics.tail.hardness import TailFit, sample_counts, tail_hardness
-from rl_gap.metrics.tail.posterior_predictive import _positive_terms, bootstrap_bias
+from rl_gap.metrics.tail.posterior_predictive import (
+    bootstrap_bias,
+    tail_positives,
+    tail_precision_terms,
+)
 from rl_gap.metrics.tail.rank_law import expected_precision_terms, sort_positives
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -43,7 +47,7 @@ def _naive_bias(pos, top_obs, S, N, k, config, replicates, seed):
     ps, valid, j = sort_positives(pos)
     post = gpd_posterior(top_obs, S, None, config)
     counts, _ = sample_counts(ps, valid, top_obs)
-    _, _, use_tail = _positive_terms(ps, valid, j, counts, post, S, N, k, config)
+    use_tail = tail_positives(valid, counts, post, config)
     sigma, xi = posterior_mode(post.xi, post.sigma, post.weight)
     qi, mi = use_tail.nonzero(as_tuple=True)
     fit = TailFit(threshold=post.threshold, sigma=sigma, xi=xi, zeta=post.zeta, ok=post.ok)
@@ -60,6 +64,7 @@ def _naive_bias(pos, top_obs, S, N, k, config, replicates, seed):
         dtype=torch.float64,
     )
     g = torch.Generator().manual_seed(seed)
+    plain = dataclasses.replace(config, bias_replicates=0)
     total = torch.zeros_like(truth)
     for _ in range(replicates):
         u = torch.rand(pos.shape[0], S, generator=g, dtype=torch.float64)
@@ -69,7 +74,7 @@ def _naive_bias(pos, top_obs, S, N, k, config, replicates, seed):
         top = scores.topk(200, dim=1).values
         c, _ = sample_counts(ps, use_tail, top)
         p = gpd_posterior(top, S, None, config)
-        terms, _, _ = _positive_terms(ps, use_tail, j, c, p, S, N, k, config)
+        terms, _ = tail_precision_terms(ps, use_tail, j, c, p, S, N, k, plain)
         total += terms[qi, mi]
     return (total / replicates - truth), (ps, valid, j, use_tail, post)
 
