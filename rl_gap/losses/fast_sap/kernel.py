@@ -224,6 +224,44 @@ def gradient_from_sums(work, valid, pos_index, sums, plan: GridPlan, scale, redu
     return grad
 
 
+def check_fast_inputs(
+    scores: torch.Tensor,
+    positive: torch.Tensor,
+    temperature: float,
+    tolerance: float,
+    valid: torch.Tensor | None,
+    neg_drop: float,
+) -> None:
+    """Refuse what the fast kernels cannot take (one ``ValueError`` naming the input): the
+    one-process :func:`smoothed_ap_fast` and its sharded form check the same."""
+    if not isinstance(scores, torch.Tensor) or not torch.is_floating_point(scores):
+        raise ValueError(
+            f"scores must be a floating tensor, got {getattr(scores, 'dtype', scores)}"
+        )
+    if (
+        scores.dim() != 1
+        or not isinstance(positive, torch.Tensor)
+        or positive.shape != scores.shape
+    ):
+        raise ValueError(
+            "the fast smoothed-AP kernel expects 1-D scores and a positive mask of the same shape, got "
+            f"{tuple(scores.shape)} and {tuple(getattr(positive, 'shape', ()))}"
+        )
+    if positive.dtype != torch.bool:
+        raise ValueError(f"positive must be a bool tensor, got {positive.dtype}")
+    if not temperature > 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if not 1e-13 <= tolerance < 1:  # also rejects NaN
+        raise ValueError(f"tolerance must be in [1e-13, 1), got {tolerance}")
+    if not 0.0 <= neg_drop < 1.0:
+        raise ValueError(f"neg_drop must be in [0, 1), got {neg_drop}")
+    if valid is not None:
+        if not isinstance(valid, torch.Tensor) or valid.shape != scores.shape:
+            raise ValueError(f"valid must be a bool tensor of shape {tuple(scores.shape)}")
+        if valid.dtype != torch.bool:
+            raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
+
+
 def smoothed_ap_fast(
     scores: torch.Tensor,
     positive: torch.Tensor,
@@ -259,32 +297,7 @@ def smoothed_ap_fast(
         0-d smoothed AP (float64 for float64 scores, else float32),
         differentiable w.r.t. ``scores`` (first order).
     """
-    if not isinstance(scores, torch.Tensor) or not torch.is_floating_point(scores):
-        raise ValueError(
-            f"scores must be a floating tensor, got {getattr(scores, 'dtype', scores)}"
-        )
-    if (
-        scores.dim() != 1
-        or not isinstance(positive, torch.Tensor)
-        or positive.shape != scores.shape
-    ):
-        raise ValueError(
-            "smoothed_ap_fast expects 1-D scores and a positive mask of the same shape, got "
-            f"{tuple(scores.shape)} and {tuple(getattr(positive, 'shape', ()))}"
-        )
-    if positive.dtype != torch.bool:
-        raise ValueError(f"positive must be a bool tensor, got {positive.dtype}")
-    if not temperature > 0 or not math.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-    if not 1e-13 <= tolerance < 1:  # also rejects NaN
-        raise ValueError(f"tolerance must be in [1e-13, 1), got {tolerance}")
-    if not 0.0 <= neg_drop < 1.0:
-        raise ValueError(f"neg_drop must be in [0, 1), got {neg_drop}")
-    if valid is not None:
-        if not isinstance(valid, torch.Tensor) or valid.shape != scores.shape:
-            raise ValueError(f"valid must be a bool tensor of shape {tuple(scores.shape)}")
-        if valid.dtype != torch.bool:
-            raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
+    check_fast_inputs(scores, positive, temperature, tolerance, valid, neg_drop)
     # The "no valid positive" check happens in the forward, on the selected indices.
     return _SmoothedAPFast.apply(
         scores, positive, valid, float(temperature), float(tolerance), float(neg_drop)

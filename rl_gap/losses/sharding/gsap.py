@@ -41,6 +41,7 @@ from rl_gap.losses.fast_sap.grid import (
 )
 from rl_gap.losses.fast_sap.kernel import (
     _positive_indices,
+    check_fast_inputs,
     gradient_from_sums,
     ranks_from_moments,
 )
@@ -168,8 +169,10 @@ def sharded_smoothed_ap_fast(
 
     Returns:
         0-d global smoothed AP (the same on every rank); backward gives this
-        rank's items' gradient. Raises ``PlanError`` on every rank alike.
+        rank's items' gradient. Raises ``PlanError`` on every rank alike, and the
+        one-process kernel's ``ValueError`` for an input it refuses.
     """
+    check_fast_inputs(scores, positive, temperature, tolerance, valid, neg_drop)
     return _ShardedSmoothedAPFast.apply(
         scores, positive, valid, float(temperature), float(tolerance), float(neg_drop)
     )

@@ -64,3 +64,23 @@ def test_plan_is_the_plan_of_the_list(one_rank_group):
         scores.numel(), 0.05, 1e-6, scores.dtype, cache_tables=stats["cache"],
     )  # fmt: skip
     assert asdict(plan) == asdict(expected)
+
+
+@pytest.mark.parametrize(
+    ("scores", "positive", "kwargs", "match"),
+    [
+        (torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), {}, "1-D"),
+        (torch.zeros(4), torch.zeros(3, dtype=torch.bool), {}, "same shape"),
+        (torch.zeros(4), torch.zeros(4), {}, "bool"),
+        (torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool), {}, "floating"),
+        (torch.zeros(4), torch.ones(4, dtype=torch.bool), {"temperature": 0.0}, "temperature"),
+        (torch.zeros(4), torch.ones(4, dtype=torch.bool), {"tolerance": 0.0}, "tolerance"),
+        (torch.zeros(4), torch.ones(4, dtype=torch.bool), {"neg_drop": 1.0}, "neg_drop"),
+        (torch.zeros(4), torch.ones(4, dtype=torch.bool), {"valid": torch.ones(4)}, "valid"),
+    ],
+)
+def test_fast_kernel_refuses_what_the_one_process_kernel_refuses(scores, positive, kwargs, match):
+    # Refused before any collective: no process group is needed to see the error.
+    temperature = kwargs.pop("temperature", 0.05)
+    with pytest.raises(ValueError, match=match):
+        sharded_gsap.sharded_smoothed_ap_fast(scores, positive, temperature, **kwargs)
