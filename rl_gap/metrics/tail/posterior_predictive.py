@@ -129,6 +129,7 @@ def tail_precision_terms(
     gallery_size: int,
     k: int,
     config: BayesTailConfig = DEFAULT_BAYES,
+    survival: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-positive predictive E[precision] at gallery size N (the ``tail`` estimator).
 
@@ -141,6 +142,8 @@ def tail_precision_terms(
         post: the per-query GPD posterior.
         n_sample: S; gallery_size: N (≥ S); k: cut-off.
         config: the ``tail`` settings.
+        survival: :func:`tail_survival` of these positives under ``post`` (None: computed
+            here); it does not depend on N, so a curve over N computes it once.
 
     Returns:
         terms: (Q, m) float64 (0 at padding);
@@ -148,7 +151,7 @@ def tail_precision_terms(
     """
     Q, m = pos_sorted.shape
     extra = float(gallery_size - n_sample)
-    surv = tail_survival(pos_sorted, valid, post, config)
+    surv = tail_survival(pos_sorted, valid, post, config) if survival is None else survival
     x_tail = post.zeta.view(Q, 1, 1) * surv  # (Q, m, G)
     use_tail = tail_positives(valid, counts, post, config)
     counted = valid & ~use_tail

@@ -31,7 +31,7 @@ from rl_gap.metrics.tail.hardness import (
     sample_counts,
 )
 from rl_gap.metrics.tail.inputs import check_predictor_inputs
-from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms
+from rl_gap.metrics.tail.posterior_predictive import tail_precision_terms, tail_survival
 from rl_gap.metrics.tail.rank_law import sort_positives
 from rl_gap.metrics.tail.registry import Estimator, get_estimator
 from rl_gap.metrics.tail.rows import RowView, concat_rows, fill_rows, row_slices
@@ -225,17 +225,18 @@ class TailPredictor:
         # The posterior, like the bias correction, follows ``bayes`` (n_excess, ξ grid, prior).
         counts, post = self.tail_fit(level, weight, bayes)
         _, n = self.level(level)
+        config = bayes or self.bayes
+        survival = None
+        if cache:  # the same for every N: a curve over N computes it once
+            fit_key = (key[0], dataclasses.replace(config, bias_replicates=0, bias_seed=0))
+            survival = self.memo(
+                ("tail_survival", fit_key),
+                lambda: tail_survival(self.pos_sorted, self.valid, post, config),
+            )
         terms, _ = tail_precision_terms(
-            self.pos_sorted,
-            self.valid,
-            self.j,
-            counts,
-            post,
-            n,
-            gallery_size,
-            self.k,
-            bayes or self.bayes,
-        )
+            self.pos_sorted, self.valid, self.j, counts, post, n, gallery_size, self.k, config,
+            survival,
+        )  # fmt: skip
         if cache:
             self._tail_terms[key] = terms
         return terms
