@@ -220,15 +220,13 @@ def expected_precision(
         log_q = torch.log(mu / (rr.unsqueeze(1) + mu))  # (p, G), -inf where μ = 0
         slope = torch.where(mu > 0, log_q, torch.zeros_like(log_q)).unsqueeze(-1)
         log_p = head.unsqueeze(1) + r_log.unsqueeze(-1) + kk * slope
-        # μ = 0: all mass at K' = 0.
-        log_p = torch.where(
-            (mu > 0).unsqueeze(-1) | (kk == 0), log_p, torch.full_like(log_p, -math.inf)
-        )
-        pmf = torch.exp(log_p)  # (p, G, width)
+        # μ = 0: all mass at K' = 0. In place: the (p, G, width) block is the loop's cost.
+        log_p[..., 1:].masked_fill_(~(mu > 0).unsqueeze(-1), -math.inf)
+        pmf = log_p.exp_()  # (p, G, width)
         jj = j[sel].to(torch.float64).view(-1, 1)
         bb = base[sel].to(torch.float64).view(-1, 1)
         prec = jj / (jj + bb + kk)  # (p, width)
         prec = torch.where(kk <= room[sel].view(-1, 1), prec, torch.zeros_like(prec))
-        per_comp = (pmf * prec.unsqueeze(1)).sum(-1)  # (p, G)
+        per_comp = pmf.mul_(prec.unsqueeze(1)).sum(-1)  # (p, G)
         out[sel] = (per_comp * mix[sel].to(torch.float64)).sum(-1)
     return out
