@@ -7,14 +7,25 @@ the same run logged when it was not interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from rl_gap.cli import main as cli_main
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "demo" / "glyph_classes.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+
+RECIPE = str(ROOT / "recipes" / "demo" / "glyph_classes.yaml")
 TINY = (
     "--trainer.enable_progress_bar false --trainer.enable_model_summary false "
     "--trainer.max_epochs 1 "
@@ -53,3 +64,64 @@ def test_member_trained_but_not_evaluated_is_evaluated_from_its_checkpoint(tmp_p
     assert after[("infonce", "0")] == logged == before[("infonce", "0")]
     assert after[("gsap", "0")] == before[("gsap", "0")]
     assert json.loads((member / "result.json").read_text())["metrics"]["val/gap"] == logged
+
+
+def _workers(pid: int) -> list[int]:
+    """The pool's worker processes among ``pid``'s children (not the resource tracker)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    found = []
+    for child in (int(p) for p in out.split()):
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its orphaned parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+)
+def test_signal_to_compare_stops_its_workers_and_says_how_to_resume(tmp_path, signum):
+    marker = tmp_path / "paused"
+    pause = {"class_path": "fault_helpers.PauseAtStep",
+             "init_args": {"step": 1, "marker": str(marker), "timeout": 60}}  # fmt: skip
+    callback = shlex.quote(f"--trainer.callbacks+={json.dumps(pause)}")
+    overrides = f"{TINY} --trainer.max_epochs 3 {callback}"
+    cmd = [sys.executable, "-m", "rl_gap.cli", "compare", "--config", RECIPE,
+           "--losses", "gsap,infonce", "--seeds", "1", "--output", str(tmp_path / "out"),
+           "--wandb", "off", "--jobs", "2", "--threads", "1", "--overrides", overrides]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    workers: list[int] = []
+    with open(tmp_path / "compare.err", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not marker.exists():  # a member paused after step 1, the other one started
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "compare.err"
+                ).read_text()[-3000:]
+                time.sleep(0.2)
+            workers = _workers(proc.pid)
+            assert len(workers) == 2, workers
+            os.kill(proc.pid, signum)
+            status = proc.wait(timeout=120)
+            alive = [p for p in workers if _alive(p)]
+        finally:
+            for pid in [proc.pid, *workers]:  # never leave a run behind when the test fails
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    out = (tmp_path / "compare.err").read_text()
+    assert not alive, f"workers {alive} outlived rl-gap compare (exit {status})"
+    assert status == 128 + signum, out[-3000:]
+    assert "run the same command again to resume" in out, out[-3000:]
+    # the paused member saved where it stopped (the other may not have reached a step)
+    saved = list((tmp_path / "out" / "test").glob("*/tau_*/seed_0/checkpoints/last.ckpt"))
+    assert saved, out[-3000:]
+    assert not list((tmp_path / "out" / "test").glob("*/tau_*/seed_0/result.json"))
