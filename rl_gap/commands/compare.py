@@ -10,7 +10,9 @@ held-out *training* classes; every seed sets the initialisation and the data ord
 every loss, so the runs are compared seed by seed. Writes ``runs.csv``, ``table.csv``,
 ``table.md`` (table, temperatures, paired verdicts), ``paired.png`` and, with
 ``--tau-grid``, ``val_runs.csv`` and ``temperatures.json`` to ``--output``; resumes a
-stopped comparison (finished runs are read back). Details: :mod:`rl_gap.experiments.compare`.
+stopped comparison (finished runs are read back, stopped ones continue from their
+checkpoint). SIGTERM/Ctrl-C stops the running runs too (they save), then exits 143/130.
+Details: :mod:`rl_gap.experiments.compare`.
 """
 
 from __future__ import annotations

@@ -146,6 +146,11 @@ def run_jobs(
         threads: torch intra-op threads per run (None: torch's default). Small models on
             a few cores train faster with 1 thread per run and runs side by side.
         done: called with every finished job and its metrics (in completion order).
+
+    Raises:
+        RunsStopped: (``workers`` > 1) this process received SIGTERM or SIGINT: the
+            workers were sent SIGTERM, their running runs saved and stopped, the jobs not
+            yet started were refused, and every worker had exited.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")

@@ -13,7 +13,10 @@ LightningCLI a user calls (:func:`rl_gap.training.cli.run_lightning_cli`):
 A finished run writes ``<run_dir>/result.json`` (its arguments and final
 metrics); asking for the same run again returns it without training, so an
 interrupted sweep resumes where it stopped (a folder holding a run with other
-arguments is an error, never silently reused). Runs are seeded: ``--seed_everything`` and the
+arguments is an error, never silently reused). A run with a checkpoint continues from
+it (``--ckpt_path last``); one stopped after its last step, before its evaluation was
+recorded, has nothing left to train and is evaluated from its checkpoint
+(``validate --ckpt_path``, with a one-line notice). Runs are seeded: ``--seed_everything`` and the
 DataModule's ``seed`` (batch sampling, class splits, subsets) both get the
 run's seed.
 """
@@ -224,7 +227,6 @@ class Runner:
         record = {"recipe": str(recipe), "seed": seed, "argv": argv, "metrics": metrics}
         done.write_text(json.dumps(record, indent=1, sort_keys=True))
         return metrics
-
 
     def _launch(self, command: list[str], run_dir: Path, fresh_logs: bool) -> dict[str, float]:
         """One ``rl-gap`` command in this process or as a child; its metrics.
