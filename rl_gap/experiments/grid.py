@@ -178,6 +178,7 @@ def run_jobs(
         # SIGTERM is what a run saves on (a Ctrl-C has reached the workers already)
         if not stop:
             stop.append(signum)
+        # the pool's own process table (no public API lists its workers)
         for pid in [p.pid for p in list((pool._processes or {}).values())]:
             if pid not in signalled:
                 signalled.add(pid)

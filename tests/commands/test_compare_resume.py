@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from rl_gap.cli import main as cli_main
+from rl_gap.experiments.runner import Runner, default_child_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +65,27 @@ def test_member_trained_but_not_evaluated_is_evaluated_from_its_checkpoint(tmp_p
     assert after[("infonce", "0")] == logged == before[("infonce", "0")]
     assert after[("gsap", "0")] == before[("gsap", "0")]
     assert json.loads((member / "result.json").read_text())["metrics"]["val/gap"] == logged
+
+
+@pytest.mark.slow
+def test_child_run_stopped_before_evaluation_never_returns_an_earlier_log(tmp_path):
+    """As a child command: the evaluation is read from the log it writes, not from the log
+    of the attempt that was stopped (which holds an earlier validation)."""
+    runner = Runner(command=default_child_command(), wandb="off", overrides=shlex.split(TINY))
+    run_dir = tmp_path / "seed_0"
+    logged = runner.run(RECIPE, run_dir, 0, ["--data.init_args.val_split", "0"])["val/gap"]
+    (run_dir / "result.json").unlink()
+    log = next(run_dir.glob("version_*/metrics.csv"))
+    rows = list(csv.DictReader(log.open()))
+    for row in rows:  # the stopped attempt's log: an earlier, different validation
+        if row.get("val/gap"):
+            row["val/gap"] = "0.999"
+    with log.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    again = runner.run(RECIPE, run_dir, 0, ["--data.init_args.val_split", "0"])["val/gap"]
+    assert again == logged != 0.999
 
 
 def _workers(pid: int) -> list[int]:
