@@ -10,13 +10,16 @@ held-out *training* classes; every seed sets the initialisation and the data ord
 every loss, so the runs are compared seed by seed. Writes ``runs.csv``, ``table.csv``,
 ``table.md`` (table, temperatures, paired verdicts), ``paired.png`` and, with
 ``--tau-grid``, ``val_runs.csv`` and ``temperatures.json`` to ``--output``; resumes a
-stopped comparison (finished runs are read back). Details: :mod:`rl_gap.experiments.compare`.
+stopped comparison (finished runs are read back, stopped ones continue from their
+checkpoint). SIGTERM/Ctrl-C stops the running runs too (they save), then exits 143/130.
+Details: :mod:`rl_gap.experiments.compare`.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 
 from rl_gap.experiments.compare import VERDICT_METRICS
@@ -75,7 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rl_gap.experiments.compare import Comparison, compare, log_to_wandb
+    from rl_gap.experiments.grid import RunsStopped
     from rl_gap.experiments.runner import Runner
+    from rl_gap.training.signals import STOP_EXIT_CODES
 
     if args.seeds < 1 or args.tau_seeds < 1:
         raise ValueError(
@@ -93,7 +98,18 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     runner = Runner(command=Runner.parse_command(args.trial_command), wandb=args.wandb,
                     group=name, overrides=overrides)  # fmt: skip
-    result = compare(plan, runner, progress=lambda line: print(f"[compare] {line}", flush=True))
+    try:
+        result = compare(plan, runner, progress=lambda line: print(f"[compare] {line}", flush=True))
+    except (RunsStopped, SystemExit) as stop:
+        # RunsStopped: --jobs > 1 (the workers were passed a SIGTERM and waited for);
+        # SystemExit 143/130: the run in this process saved and stopped
+        code = 128 + stop.signum if isinstance(stop, RunsStopped) else stop.code
+        if code not in STOP_EXIT_CODES:
+            raise
+        name = "SIGTERM" if code == 143 else "SIGINT"
+        print(f"[compare] stopped by {name}: the runs in progress saved their checkpoints; "
+              "run the same command again to resume", file=sys.stderr, flush=True)  # fmt: skip
+        return code
     log_to_wandb(args.wandb, name, out, result)
     print(f"\n{result.text}\n\nwall time {result.seconds:.0f} s; files: {out}/"
           "{runs.csv,table.csv,table.md,paired.png}")  # fmt: skip

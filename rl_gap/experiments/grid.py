@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -143,6 +146,11 @@ def run_jobs(
         threads: torch intra-op threads per run (None: torch's default). Small models on
             a few cores train faster with 1 thread per run and runs side by side.
         done: called with every finished job and its metrics (in completion order).
+
+    Raises:
+        RunsStopped: (``workers`` > 1) this process received SIGTERM or SIGINT: the
+            workers were sent SIGTERM, their running runs saved and stopped, the jobs not
+            yet started were refused, and every worker had exited.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -152,7 +160,8 @@ def run_jobs(
         results = []
         with _torch_threads(threads):
             for job in jobs:
-                results.append(_run_job(runner, job))
+                results.append(runner.run(job.recipe, job.run_dir, job.seed,
+                                          list(job.overrides), job.job_type))  # fmt: skip
                 if done is not None:
                     done(job, results[-1])
         return results
@@ -160,25 +169,106 @@ def run_jobs(
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_set_threads,
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                initargs=(threads,))  # fmt: skip
+    stop: list[int] = []  # the signal this process received, if any
+    signalled: set[int] = set()
+
+    def forward(signum: int, frame: object) -> None:
+        # SIGTERM is what a run saves on (a Ctrl-C has reached the workers already)
+        if not stop:
+            stop.append(signum)
+        # the pool's own process table (no public API lists its workers)
+        for pid in [p.pid for p in list((pool._processes or {}).values())]:
+            if pid not in signalled:
+                signalled.add(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+
     try:
-        futures = {pool.submit(_run_job, runner, job): i for i, job in enumerate(jobs)}
-        results: list[dict[str, float] | None] = [None] * len(jobs)
-        for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()  # a failed run raises here, naming its folder
-            if done is not None:
-                done(jobs[i], results[i])
+        with _handling((signal.SIGTERM, signal.SIGINT), forward):
+            futures = {pool.submit(_run_in_worker, runner, job): i for i, job in enumerate(jobs)}
+            results: list[dict[str, float] | None] = [None] * len(jobs)
+            for future in as_completed(futures):
+                i = futures[future]
+                if stop:
+                    forward(stop[0], None)  # a worker started since the signal
+                    if future.exception() is None:
+                        results[i] = future.result()
+                    continue  # stopped or refused: its run resumes with the same command
+                results[i] = future.result()  # a failed run raises here, naming its folder
+                if done is not None:
+                    done(jobs[i], results[i])
+            pool.shutdown(wait=True)
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
-    pool.shutdown(wait=True)
+    if stop:
+        raise RunsStopped(stop[0])
     return [r for r in results if r is not None]
 
 
-def _run_job(runner: Runner, job: Job) -> dict[str, float]:
-    return runner.run(job.recipe, job.run_dir, job.seed, list(job.overrides), job.job_type)
+class RunsStopped(Exception):
+    """A sweep stopped by a signal; every run it had started saved and stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}"
+
+
+class RunStopped(Exception):
+    """A worker's run stopped by a signal (saved), or refused after one (not started)."""
+
+
+_worker_stop: list[int] = []  # in a worker process: the first stop signal it received
+
+
+def _note_worker_stop(signum: int, frame: object) -> None:
+    from rl_gap.training.stop_request import request_stop
+
+    if not _worker_stop:
+        _worker_stop.append(signum)
+    request_stop(signum)  # a run starting now stops before its first step
+
+
+def _start_worker(threads: int | None) -> None:
+    """Worker set-up: threads, and a stop signal recorded instead of killing the worker
+    (a run in progress saves on it; the queued ones are refused)."""
+    _set_threads(threads)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _note_worker_stop)
+
+
+def _run_in_worker(runner: Runner, job: Job) -> dict[str, float]:
+    """One job in a worker process; after a stop signal, a stopped run or a refused job."""
+    if _worker_stop:
+        raise RunStopped(f"{job.run_dir}: not started, the sweep is stopping")
+    try:
+        return runner.run(job.recipe, job.run_dir, job.seed, list(job.overrides), job.job_type)
+    except SystemExit as exit_:
+        from rl_gap.training.signals import STOP_EXIT_CODES
+
+        if exit_.code not in STOP_EXIT_CODES:
+            raise
+        _worker_stop.append(int(exit_.code) - 128)
+        raise RunStopped(f"{job.run_dir}: stopped by a signal (exit {exit_.code})") from None
+
+
+@contextlib.contextmanager
+def _handling(signums: Sequence[int], handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for ``signums`` (main thread only), the previous handlers back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _set_threads(threads: int | None) -> None:

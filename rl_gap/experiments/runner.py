@@ -13,7 +13,10 @@ LightningCLI a user calls (:func:`rl_gap.training.cli.run_lightning_cli`):
 A finished run writes ``<run_dir>/result.json`` (its arguments and final
 metrics); asking for the same run again returns it without training, so an
 interrupted sweep resumes where it stopped (a folder holding a run with other
-arguments is an error, never silently reused). Runs are seeded: ``--seed_everything`` and the
+arguments is an error, never silently reused). A run with a checkpoint continues from
+it (``--ckpt_path last``); one stopped after its last step, before its evaluation was
+recorded, has nothing left to train and is evaluated from its checkpoint
+(``validate --ckpt_path``, with a one-line notice). Runs are seeded: ``--seed_everything`` and the
 DataModule's ``seed`` (batch sampling, class splits, subsets) both get the
 run's seed.
 """
@@ -200,15 +203,22 @@ class Runner:
                 )
             return record["metrics"]
         command = [*argv[:1], "--wandb", self.wandb, *argv[1:]]
-        if any((run_dir / "checkpoints").glob("*.ckpt")):
+        checkpoint = _newest_checkpoint(run_dir)
+        if checkpoint is not None:
             # an interrupted run: continue it (a fresh fit would go to a new version folder)
             command += ["--ckpt_path", "last"]
         with _wandb_env(self.group, job_type, run_dir.name):
-            if self.command is None:
-                metrics = _run_in_process(command)
-            else:
-                metrics = _run_child(self.command + command, run_dir, self.env)
-        if "val/gap" not in metrics or not math.isfinite(metrics["val/gap"]):
+            metrics = self._launch(command, run_dir, fresh_logs=checkpoint is not None)
+            if checkpoint is not None and not _has_gap(metrics):
+                # stopped after its last checkpoint, before its evaluation was recorded: the
+                # resumed fit has nothing left to train, so the checkpoint is evaluated
+                checkpoint = _newest_checkpoint(run_dir) or checkpoint
+                print(f"[runner] {run_dir}: trained to its last checkpoint but not evaluated; "
+                      f"validating {checkpoint.name}", file=sys.stderr, flush=True)  # fmt: skip
+                validate = ["validate", "--wandb", self.wandb, *argv[1:]]
+                validate += ["--ckpt_path", str(checkpoint)]
+                metrics = self._launch(validate, run_dir, fresh_logs=True)
+        if not _has_gap(metrics):
             raise RuntimeError(
                 f"run {run_dir} logged no finite val/gap (does the recipe evaluate at the "
                 f"last epoch? set trainer.check_val_every_n_epoch); metrics: {sorted(metrics)}"
@@ -217,6 +227,42 @@ class Runner:
         record = {"recipe": str(recipe), "seed": seed, "argv": argv, "metrics": metrics}
         done.write_text(json.dumps(record, indent=1, sort_keys=True))
         return metrics
+
+    def _launch(self, command: list[str], run_dir: Path, fresh_logs: bool) -> dict[str, float]:
+        """One ``rl-gap`` command in this process or as a child; its metrics.
+
+        ``fresh_logs``: a child's metrics are read only from a log folder it wrote (an
+        earlier, interrupted attempt's log would hand back that attempt's last values).
+        """
+        if self.command is None:
+            return _run_in_process(command)
+        newer_than = _last_version(run_dir) if fresh_logs else None
+        return _run_child(self.command + command, run_dir, self.env, newer_than)
+
+
+def _has_gap(metrics: dict[str, float]) -> bool:
+    return "val/gap" in metrics and math.isfinite(metrics["val/gap"])
+
+
+def _newest_checkpoint(run_dir: Path) -> Path | None:
+    """``last.ckpt``, else the newest checkpoint of ``run_dir``, or None."""
+    folder = run_dir / "checkpoints"
+    if (folder / "last.ckpt").exists():
+        return folder / "last.ckpt"
+    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _version(path: Path) -> int:
+    try:
+        return int(path.name.split("_")[-1])
+    except ValueError:
+        return -1
+
+
+def _last_version(run_dir: Path) -> int:
+    """The highest ``version_N`` of ``run_dir`` (-1 when none)."""
+    return max((_version(p) for p in run_dir.glob("version_*")), default=-1)
 
 
 @contextlib.contextmanager
@@ -247,19 +293,27 @@ def _run_in_process(argv: list[str]) -> dict[str, float]:
     return {k: float(v) for k, v in cli.trainer.callback_metrics.items() if v.numel() == 1}
 
 
-def _run_child(argv: list[str], run_dir: Path, env: dict[str, str]) -> dict[str, float]:
+def _run_child(
+    argv: list[str], run_dir: Path, env: dict[str, str], newer_than: int | None = None
+) -> dict[str, float]:
     child_env = {**os.environ, **env}
     result = subprocess.run(argv, env=child_env, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"run failed with exit code {result.returncode}: {shlex.join(argv)}")
+    if newer_than is not None:
+        return read_csv_metrics(run_dir, newer_than) if any(
+            _version(p.parent) > newer_than for p in run_dir.glob("version_*/metrics.csv")
+        ) else {}  # fmt: skip
     return read_csv_metrics(run_dir)
 
 
-def read_csv_metrics(run_dir: str | Path) -> dict[str, float]:
-    """Last logged value of every column of the newest ``<run_dir>/version_N/metrics.csv``."""
+def read_csv_metrics(run_dir: str | Path, newer_than: int = -1) -> dict[str, float]:
+    """Last logged value of every column of the newest ``<run_dir>/version_N/metrics.csv``
+    (only versions ``N > newer_than``)."""
     run_dir = Path(run_dir)
     versions = sorted(
-        run_dir.glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[-1])
+        (p for p in run_dir.glob("version_*/metrics.csv") if _version(p.parent) > newer_than),
+        key=lambda p: _version(p.parent),
     )
     if not versions:
         raise FileNotFoundError(f"no metrics.csv under {run_dir}/version_*/ (did the run log?)")
