@@ -178,8 +178,8 @@ def run_jobs(
         # SIGTERM is what a run saves on (a Ctrl-C has reached the workers already)
         if not stop:
             stop.append(signum)
-        # the pool's own process table (no public API lists its workers)
-        for pid in [p.pid for p in list((pool._processes or {}).values())]:
+        # the pool's workers are this process's only multiprocessing children
+        for pid in [p.pid for p in context.active_children()]:
             if pid not in signalled:
                 signalled.add(pid)
                 with contextlib.suppress(ProcessLookupError):
