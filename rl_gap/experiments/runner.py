@@ -125,7 +125,7 @@ class Runner:
         command: None = in this process; else the command a ``fit`` is appended to,
             e.g. ``["torchrun", "--nproc_per_node", "8", "-m", "rl_gap.cli"]``.
         wandb: ``auto`` | ``online`` | ``offline`` | ``off`` (the training CLI's ``--wandb``).
-        group: W&B group shared by every run (``WANDB_RUN_GROUP``).
+        group: W&B group shared by every run (``--wandb_group`` of each run).
         overrides: extra ``rl-gap fit`` arguments for every run.
         env: extra environment for child processes.
     """
@@ -202,7 +202,9 @@ class Runner:
                     "use another --output folder (or delete that run folder)"
                 )
             return record["metrics"]
-        command = [*argv[:1], "--wandb", self.wandb, *argv[1:]]
+        # explicit, not only WANDB_RUN_GROUP: a fresh fit names its own group otherwise
+        wandb = ["--wandb", self.wandb, *(["--wandb_group", self.group] if self.group else [])]
+        command = [*argv[:1], *wandb, *argv[1:]]
         checkpoint = _newest_checkpoint(run_dir)
         if checkpoint is not None:
             # an interrupted run: continue it (a fresh fit would go to a new version folder)
@@ -215,7 +217,7 @@ class Runner:
                 checkpoint = _newest_checkpoint(run_dir) or checkpoint
                 print(f"[runner] {run_dir}: trained to its last checkpoint but not evaluated; "
                       f"validating {checkpoint.name}", file=sys.stderr, flush=True)  # fmt: skip
-                validate = ["validate", "--wandb", self.wandb, *argv[1:]]
+                validate = ["validate", *wandb, *argv[1:]]
                 validate += ["--ckpt_path", str(checkpoint)]
                 metrics = self._launch(validate, run_dir, fresh_logs=True)
         if not _has_gap(metrics):
